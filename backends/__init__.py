@@ -1,0 +1,1 @@
+"""Back ends: MSCCL XML, torch.distributed, benchmarks."""

@@ -1,0 +1,3 @@
+"""msccl-compile: plan collective-communication algorithms and lower them to MSCCL XML."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,305 @@
+"""Lower bounds on a collective's time: the latency bound and the cut bound.
+
+Cut bound: for any set A of GPUs, the data that must leave A (a chunk held in A that some rank
+outside A needs; for a reduction, a chunk to which A contributes that a rank outside A needs) must
+cross every vertex cut separating A from the other GPUs, so T >= data(A) / mincut(A -> rest),
+where switches may fall on either side (the min cut chooses). Small topologies are searched
+exhaustively over all vertex sets; large ones over structured families (single GPUs, NIC groups,
+packages, whole nodes and the worst sets of one node), each evaluated with an exact max-flow.
+
+Group bound: the GPUs of a group B (one GPU, the GPUs that share a NIC, a package) must together
+receive what each of them lacks, through their own in-links, at no more than the max flow into B.
+This is where a shared NIC counts once, not once per GPU.
+
+Latency: every pair that must communicate pays at least the cheapest chain of transfers between
+them, and the last byte of the bandwidth-bound phase is delivered at least one alpha later.
+AllReduce with point-to-point algorithms = reduce-scatter + allgather (hardware.md §3.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_flow, shortest_path
+
+from .collectives import Demand, make_demand
+from .errors import DemandError
+from .topology import Topology
+
+EXACT_MAX_VERTICES = 18  # 2^18 vertex sets: well under a second with numpy
+CAP_UNIT = 1e6  # max-flow runs on integer MB/s
+
+
+@dataclass(frozen=True)
+class Bound:
+    collective: str
+    size_bytes: int
+    time_s: float  # max(latency_s, bandwidth_s + alpha_s)
+    bandwidth_s: float
+    latency_s: float
+    alpha_s: float
+    binding: str  # the constraint that sets bandwidth_s
+    method: str  # "exhaustive cuts" or "structured cuts"
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---- traffic ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Traffic:
+    src: np.ndarray  # (chunks, ngpus) bool: holds / contributes
+    dst: np.ndarray  # (chunks, ngpus) bool: must end with it
+    nbytes: np.ndarray  # (chunks,)
+    reduce: bool
+
+    @classmethod
+    def of(cls, demand: Demand) -> "Traffic":
+        src, dst = demand.masks()
+        return cls(src, dst, np.full(len(demand.chunks), demand.chunk_bytes), demand.reduce)
+
+    def leaving(self, inside: np.ndarray) -> np.ndarray:
+        """Bytes that must leave each GPU set; `inside` is (sets, ngpus) bool."""
+        a = inside.astype(np.float64)
+        held = (a @ self.src.T) > 0
+        wanted_outside = ((1.0 - a) @ self.dst.T) > 0
+        return (held & wanted_outside) @ self.nbytes
+
+    def need_in(self) -> np.ndarray:
+        """Bytes each GPU must receive at least."""
+        if self.reduce:
+            others = self.src.sum(axis=1, keepdims=True) - self.src > 0
+            return (self.dst & others).T @ self.nbytes
+        return (self.dst & ~self.src).T @ self.nbytes
+
+    def need_out(self) -> np.ndarray:
+        """Bytes each GPU must send at least."""
+        elsewhere = self.dst.sum(axis=1, keepdims=True) - self.dst > 0
+        if self.reduce:
+            return (self.src & elsewhere).T @ self.nbytes
+        sole = self.src & (self.src.sum(axis=1, keepdims=True) == 1)
+        return (sole & elsewhere).T @ self.nbytes
+
+    def pairs(self) -> np.ndarray:
+        """(ngpus, ngpus) bool: s must get data to d."""
+        p = (self.src.T.astype(np.int64) @ self.dst.astype(np.int64)) > 0
+        np.fill_diagonal(p, False)
+        return p
+
+
+# ---- max flow -----------------------------------------------------------------------------------
+
+
+class _FlowNet:
+    """The topology as an integer-capacity graph with a super source and sink appended."""
+
+    def __init__(self, topo: Topology, split: tuple[int, ...] = ()):
+        self.topo = topo
+        v = topo.nvertices
+        # a GPU in `split` gets a separate in-side vertex: links into it end there
+        self.in_side = {g: v + k for k, g in enumerate(split)}
+        self.nv = v + len(split) + 2
+        self.source, self.sink = self.nv - 2, self.nv - 1
+        rows, cols, caps = [], [], []
+        for l in topo.links:
+            rows.append(l.src)
+            cols.append(self.in_side.get(l.dst, l.dst))
+            caps.append(max(1, round(l.capacity / CAP_UNIT)))
+        self.rows, self.cols, self.caps = rows, cols, caps
+        self.inf = int(sum(caps)) + 1
+
+    def flow(self, sources, sinks) -> float:
+        rows = self.rows + [self.source] * len(sources) + list(sinks)
+        cols = self.cols + list(sources) + [self.sink] * len(sinks)
+        caps = self.caps + [self.inf] * (len(sources) + len(sinks))
+        m = csr_matrix((np.array(caps, dtype=np.int32), (rows, cols)), shape=(self.nv, self.nv))
+        m.sum_duplicates()
+        return maximum_flow(m, self.source, self.sink).flow_value * CAP_UNIT
+
+
+def min_cut(topo: Topology, inside) -> float:
+    """Least capacity leaving any vertex set that holds the GPUs `inside` and no other GPU."""
+    inside = set(inside)
+    return _FlowNet(topo).flow(sorted(inside), [g for g in range(topo.ngpus) if g not in inside])
+
+
+# ---- cut families -------------------------------------------------------------------------------
+
+
+def _exhaustive_cuts(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """For every GPU subset (as a bitmask), the least out-capacity over switch placements."""
+    n, v = topo.ngpus, topo.nvertices
+    masks = np.arange(1 << v, dtype=np.int64)
+    cap = np.zeros(1 << v)
+    for l in topo.links:
+        leaving = ((masks >> l.src) & 1).astype(bool) & ~((masks >> l.dst) & 1).astype(bool)
+        cap += leaving * l.capacity
+    gpu_part = masks & ((1 << n) - 1)
+    best = np.full(1 << n, np.inf)
+    np.minimum.at(best, gpu_part, cap)
+    subsets = np.arange(1, (1 << n) - 1, dtype=np.int64)
+    inside = ((subsets[:, None] >> np.arange(n)) & 1).astype(bool)
+    return inside, best[subsets]
+
+
+def _node_topology(topo: Topology) -> Topology:
+    """Node 0 alone (its GPUs and own switches), for finding the worst intra-node sets."""
+    n = topo.gpus_per_node
+    keep = list(range(n)) + [topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "switch" and s.node == 0]
+    new = {old: k for k, old in enumerate(keep)}
+    from .topology import Link
+    links = tuple(Link(new[l.src], new[l.dst], l.bandwidth, l.alpha, l.count)
+                  for l in topo.links if l.src in new and l.dst in new)
+    return Topology(topo.name + "-node", n, n, tuple(topo.switches[k - topo.ngpus] for k in keep[n:]), links)
+
+
+def _groups(topo: Topology) -> list[tuple[int, ...]]:
+    """GPU groups that share a resource: a NIC, or a package (the pairs with the most parallel links)."""
+    groups = {tuple(sorted(nic.gpus)) for nic in topo.nics if len(nic.gpus) > 1}
+    direct = [l for l in topo.links if topo.is_gpu(l.src) and topo.is_gpu(l.dst)]
+    if direct:
+        most = max(l.count for l in direct)
+        if most > 1:
+            groups |= {tuple(sorted((l.src, l.dst))) for l in direct if l.count == most}
+    return sorted(groups)
+
+
+def _structured_sets(topo: Topology, traffic: Traffic, worst: int = 12) -> list[tuple[int, ...]]:
+    n, per = topo.ngpus, topo.gpus_per_node
+    sets: set[tuple[int, ...]] = set()
+    sets |= {(g,) for g in range(n)}
+    sets |= set(_groups(topo))
+    nodes = topo.nodes
+    for k in range(1, nodes):
+        sets.add(tuple(range(k * per)))
+    for node in range(nodes):
+        sets.add(tuple(range(node * per, (node + 1) * per)))
+    if nodes > 1 and per > 1:
+        # the worst sets inside one node, judged on the node alone, then placed in every node
+        local = _node_topology(topo)
+        if local.nvertices <= EXACT_MAX_VERTICES and local.gpus_connected():
+            inside, cap = _exhaustive_cuts(local)
+            sub = Traffic(traffic.src[:, :per], traffic.dst[:, :per], traffic.nbytes, traffic.reduce)
+            ratio = sub.leaving(inside) / cap
+            for idx in np.argsort(-ratio, kind="stable")[:worst]:
+                members = tuple(int(g) for g in np.flatnonzero(inside[idx]))
+                for node in range(nodes):
+                    sets.add(tuple(node * per + g for g in members))
+    full = set(range(n))
+    sets |= {tuple(sorted(full - set(s))) for s in list(sets)}
+    return sorted(s for s in sets if 0 < len(s) < n)
+
+
+def _describe(topo: Topology, members) -> str:
+    members = sorted(members)
+    n, per = topo.ngpus, topo.gpus_per_node
+    rest = sorted(set(range(n)) - set(members))
+    whole = [k for k in range(topo.nodes) if set(range(k * per, (k + 1) * per)) <= set(members)]
+    if topo.nodes > 1 and len(members) == len(whole) * per:
+        return f"node{'s' if len(whole) > 1 else ''} {','.join(map(str, whole))}"
+    if len(members) <= len(rest):
+        return "GPUs {" + ",".join(map(str, members)) + "}"
+    return "all GPUs but {" + ",".join(map(str, rest)) + "}"
+
+
+def cut_bound(topo: Topology, traffic: Traffic) -> tuple[float, str, str]:
+    """(seconds, binding set, method)."""
+    if topo.nvertices <= EXACT_MAX_VERTICES:
+        inside, cap = _exhaustive_cuts(topo)
+        method = "exhaustive cuts"
+    else:
+        sets = _structured_sets(topo, traffic)
+        inside = np.zeros((len(sets), topo.ngpus), dtype=bool)
+        for i, s in enumerate(sets):
+            inside[i, list(s)] = True
+        net = _FlowNet(topo)
+        cap = np.array([net.flow(list(s), sorted(set(range(topo.ngpus)) - set(s))) for s in sets])
+        method = "structured cuts"
+    data = traffic.leaving(inside)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(data > 0, data / cap, 0.0)
+    if not np.all(np.isfinite(t)):
+        bad = inside[int(np.argmax(~np.isfinite(t)))]
+        raise DemandError(f"demand: {_describe(topo, np.flatnonzero(bad))} cannot send what others need (no link leaves them)")
+    i = int(np.argmax(t))
+    members = np.flatnonzero(inside[i])
+    return float(t[i]), f"cut: {_describe(topo, members)} -> rest, {cap[i] / 1e9:.4g} GB/s", method
+
+
+def group_bound(topo: Topology, traffic: Traffic) -> tuple[float, str]:
+    """Ingress and egress of single GPUs and of GPU groups that share a NIC or a package."""
+    need_in, need_out = traffic.need_in(), traffic.need_out()
+    best, why = 0.0, ""
+    for group in [(g,) for g in range(topo.ngpus)] + _groups(topo):
+        into = _FlowNet(topo, split=group)
+        others = [g for g in range(topo.ngpus) if g not in group]
+        cap_in = into.flow(others + list(group), [into.in_side[g] for g in group])
+        out = _FlowNet(topo.reversed(), split=group)
+        cap_out = out.flow(others + list(group), [out.in_side[g] for g in group])
+        for need, cap, word in ((need_in, cap_in, "into"), (need_out, cap_out, "out of")):
+            data = float(sum(need[g] for g in group))
+            if data <= 0:
+                continue
+            if cap <= 0:
+                raise DemandError(f"demand: GPU{'s' if len(group) > 1 else ''} {list(group)} must move data but has no link {word} it")
+            if data / cap > best:
+                best = data / cap
+                label = f"GPU {group[0]}" if len(group) == 1 else "GPUs {" + ",".join(map(str, group)) + "} together"
+                why = f"{word} {label}, {cap / 1e9:.4g} GB/s"
+    return best, why
+
+
+def alpha_distances(topo: Topology) -> np.ndarray:
+    """Cheapest total alpha of a chain of transfers between every two GPUs (inf if unreachable)."""
+    n = topo.ngpus
+    w = np.full((n, n), np.inf)
+    for s in range(n):
+        for d in topo.neighbours(s):
+            w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
+    dense = np.where(np.isfinite(w), w + 1e-30, 0.0)  # zero means "no edge" to csgraph
+    return shortest_path(csr_matrix(dense), directed=True)
+
+
+def bound_for(topo: Topology, demand: Demand) -> Bound:
+    traffic = Traffic.of(demand)
+    bw_cut, why_cut, method = cut_bound(topo, traffic)
+    bw_grp, why_grp = group_bound(topo, traffic)
+    bw, why = (bw_cut, why_cut) if bw_cut >= bw_grp else (bw_grp, why_grp)
+    dist = alpha_distances(topo)
+    pairs = traffic.pairs()
+    if np.any(pairs & ~np.isfinite(dist)):
+        s, d = (int(x[0]) for x in np.nonzero(pairs & ~np.isfinite(dist)))
+        raise DemandError(f"demand: rank {d} needs data from rank {s} but no path connects them")
+    latency = float(dist[pairs].max()) if pairs.any() else 0.0
+    alpha = float(dist[pairs].min()) if pairs.any() else 0.0
+    return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method)
+
+
+def lower_bound(topo: Topology, collective: str, size_bytes: int, root: int | None = None) -> Bound:
+    """Bound for a standard collective on `topo`; size as nccl-tests counts it."""
+    demand = make_demand(collective, topo.ngpus, size_bytes, 1, root)
+    if demand.collective != "allreduce":
+        return bound_for(topo, demand)
+    rs = bound_for(topo, make_demand("reduce_scatter", topo.ngpus, size_bytes))
+    ag = bound_for(topo, make_demand("allgather", topo.ngpus, size_bytes))
+    bw = rs.bandwidth_s + ag.bandwidth_s
+    return Bound("allreduce", size_bytes, max(ag.latency_s, bw + ag.alpha_s), bw, ag.latency_s, ag.alpha_s,
+                 f"reduce-scatter ({rs.binding}) + allgather ({ag.binding})", ag.method)
+
+
+BUS_FACTOR = {
+    "allgather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+    "allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+    "scatter": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n, "custom": lambda n: 1.0,
+}
+
+
+def busbw(collective: str, ngpus: int, algbw: float) -> float:
+    """nccl-tests' bus bandwidth (doc/PERFORMANCE.md)."""
+    return algbw * BUS_FACTOR[collective](ngpus)
+
+

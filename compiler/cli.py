@@ -1,0 +1,256 @@
+"""The msccl-compile command line. The one place that wires compiler/ and backends/ together.
+
+Every subcommand is a function registered in COMMANDS; every error a user can cause is a
+CompileError, printed as one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+
+from . import __version__
+from .bounds import busbw, lower_bound
+from .collectives import COLLECTIVES, _ALIASES
+from .errors import CompileError
+from .profiles import list_profiles, load_topology
+from .topology import Topology
+from .units import format_size, format_time, parse_size
+
+PROG = "msccl-compile"
+
+
+class ArgumentError(CompileError):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        sub = self.prog[len(PROG):].strip()
+        raise ArgumentError(f"{sub}: {message}" if sub else message)
+
+
+def positive_int(field: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+        return value
+    return parse
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text, field="")
+    except CompileError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+# ---- profiles -------------------------------------------------------------------------------------
+
+
+def _link_summary(topo: Topology) -> list[str]:
+    """Links grouped by kind; direct GPU pairs listed (they are the topology)."""
+    lines = []
+    pairs = []
+    groups: Counter = Counter()
+    for l in topo.links:
+        a, b = topo.is_gpu(l.src), topo.is_gpu(l.dst)
+        if a and b:
+            if l.src < l.dst:
+                back = topo.has_link(l.dst, l.src)
+                pairs.append(f"{l.src}{'-' if back else '->'}{l.dst}{'' if l.count == 1 else f' x{l.count}'}")
+            groups[("GPU <-> GPU" if topo.has_link(l.dst, l.src) else "GPU -> GPU", l.bandwidth, l.alpha, l.count)] += 1
+        else:
+            kind = lambda v: "GPU" if topo.is_gpu(v) else {"switch": "switch", "nic": "NIC", "network": "network"}[topo.switch(v).kind]
+            groups[(f"{kind(l.src)} -> {kind(l.dst)}", l.bandwidth, l.alpha, l.count)] += 1
+    for (kind, bw, alpha, count), k in sorted(groups.items(), key=lambda x: (x[0][0], -x[0][1], x[0][3])):
+        par = f" x {count} parallel" if count > 1 else ""
+        lines.append(f"  {k:4d} x {kind:<18} {bw / 1e9:g} GB/s{par}, alpha {alpha * 1e6:g} us")
+    if pairs:
+        lines.append("  GPU pairs: " + ", ".join(pairs))
+    return lines
+
+
+def _profile_info(topo: Topology, size: int) -> dict:
+    ingress = [topo.ingress(g) for g in range(topo.ngpus)]
+    egress = [topo.egress(g) for g in range(topo.ngpus)]
+    bounds = {}
+    for coll in ("allgather", "alltoall"):
+        b = lower_bound(topo, coll, size)
+        algbw = size / b.time_s
+        bounds[coll] = {**b.to_dict(), "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw(coll, topo.ngpus, algbw) / 1e9}
+    return {
+        "name": topo.name, "profile": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
+        "gpus_per_node": topo.gpus_per_node, "gpu_model": topo.gpu_model, "sms": topo.sms, "vendor": topo.vendor,
+        "switches": [s.name for s in topo.switches],
+        "multicast_switches": [s.name for s in topo.switches if s.multicast],
+        "links": len(topo.links),
+        "ingress_GBps": {"min": min(ingress) / 1e9, "max": max(ingress) / 1e9},
+        "egress_GBps": {"min": min(egress) / 1e9, "max": max(egress) / 1e9},
+        "nics": [{"node": n.node, "gpus": list(n.gpus), "bandwidth_GBps": n.bandwidth / 1e9, "alpha_us": n.alpha * 1e6}
+                 for n in topo.nics],
+        "bound_size_bytes": size,
+        "bounds": bounds,
+        "sources": dict(topo.sources),
+        "topology": topo.to_dict(),
+    }
+
+
+def cmd_profiles(args) -> int:
+    if args.action in (None, "list"):
+        infos = list_profiles()
+        if args.json:
+            emit_json([{"name": p.name, "ngpus": p.ngpus, "aliases": list(p.aliases), "description": p.description,
+                        "file": p.origin} for p in infos])
+            return 0
+        width = max(len(p.name) for p in infos)
+        for p in infos:
+            print(f"{p.name:<{width}}  {p.ngpus:3d} GPUs  {p.description}")
+        print(f"{'NAME:N':<{width}}    N GPUs  synthetic: fully-connected, ring, line, star, hub-and-spoke (e.g. ring:8)")
+        return 0
+    if args.action != "show" or not args.name:
+        raise ArgumentError(f"profiles: expected 'profiles' or 'profiles show NAME' (got {' '.join(filter(None, [args.action, args.name]))!r})")
+    topo = load_topology(args.name, args.nodes)
+    info = _profile_info(topo, args.size)
+    if args.json:
+        emit_json(info)
+        return 0
+    nodes = f" x {topo.nodes} nodes" if topo.nodes > 1 else ""
+    print(f"{topo.profile}{nodes}: {topo.ngpus} GPUs ({topo.gpu_model}, {topo.sms} SMs/CUs each)")
+    sw = [s for s in topo.switches if s.kind == "switch"]
+    print(f"switches: {len(sw)} GPU switch{'es' if len(sw) != 1 else ''}"
+          + (f" ({', '.join(s.name for s in sw[:4])}{', ...' if len(sw) > 4 else ''})" if sw else "")
+          + (f"; multicast: {', '.join(info['multicast_switches'])}" if info["multicast_switches"] else "")
+          + (f"; {sum(1 for s in topo.switches if s.kind == 'nic') // 2} NICs and one network switch" if topo.nodes > 1 else ""))
+    print(f"links: {len(topo.links)} directed")
+    for line in _link_summary(topo):
+        print(line)
+    ig, eg = info["ingress_GBps"], info["egress_GBps"]
+    rng = lambda r: f"{r['min']:g}" if r["min"] == r["max"] else f"{r['min']:g}..{r['max']:g}"
+    print(f"per GPU: ingress {rng(ig)} GB/s, egress {rng(eg)} GB/s")
+    if topo.nics:
+        per_node = [n for n in topo.nics if n.node == 0]
+        serve = "; ".join(f"NIC {n.index}: GPUs {','.join(map(str, n.gpus))}" for n in per_node)
+        print(f"NICs per node: {len(per_node)} x {per_node[0].bandwidth / 1e9:g} GB/s, alpha {per_node[0].alpha * 1e6:g} us ({serve})")
+    for coll, b in info["bounds"].items():
+        print(f"{coll} bound at {format_size(args.size)}: {format_time(b['time_s'])} "
+              f"(algbw <= {b['algbw_GBps']:.2f} GB/s, busbw <= {b['busbw_GBps']:.2f} GB/s; {b['binding']})")
+    for key, text in topo.sources:
+        print(f"source ({key}): {text}")
+    return 0
+
+
+def cmd_bound(args) -> int:
+    topo = load_topology(args.hw, args.nodes)
+    b = lower_bound(topo, args.collective, args.size, args.root)
+    algbw = args.size / b.time_s
+    out = {**b.to_dict(), "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
+           "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw(b.collective, topo.ngpus, algbw) / 1e9}
+    if args.json:
+        emit_json(out)
+    else:
+        print(f"{b.collective} on {topo.name} ({topo.ngpus} GPUs) at {format_size(args.size)}: >= {format_time(b.time_s)} "
+              f"(bandwidth {format_time(b.bandwidth_s)} + alpha {format_time(b.alpha_s)}; latency {format_time(b.latency_s)})")
+        print(f"algbw <= {out['algbw_GBps']:.2f} GB/s, busbw <= {out['busbw_GBps']:.2f} GB/s; binding: {b.binding} ({b.method})")
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------------
+
+COMMANDS: dict[str, tuple] = {}  # name -> (configure(parser), run(args), help)
+
+
+def command(name: str, help: str):
+    def register(fn):
+        COMMANDS[name] = (fn, help)
+        return fn
+    return register
+
+
+def add_hw(p) -> None:
+    p.add_argument("--hw", required=True, metavar="NAME|FILE", help="hardware profile name, NAME:N, or a profile JSON file")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="number of nodes (default 1)")
+
+
+@command("profiles", "list hardware profiles, or show one")
+def _profiles(p):
+    p.add_argument("action", nargs="?", choices=["list", "show"], help="list (default) or show one profile")
+    p.add_argument("name", nargs="?", help="profile name or file")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=1)
+    p.add_argument("--size", type=size_arg, default=10**9, help="buffer size for the bounds (default 1GB)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_profiles)
+
+
+@command("bound", "lower bound of a collective on a profile")
+def _bound(p):
+    p.add_argument("collective", help=", ".join(COLLECTIVES))
+    add_hw(p)
+    p.add_argument("--size", type=size_arg, default=10**9)
+    p.add_argument("--root", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_bound)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog=PROG, description="Plan GPU collectives as traffic engineering and emit MSCCL XML.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, (configure, help_text) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _unknown_command(argv: list[str]) -> str | None:
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in COMMANDS:
+        return None
+    if first.lower() in _ALIASES:
+        return None
+    return (f"unknown command or collective {first!r} "
+            f"(collectives: {', '.join(COLLECTIVES)}; commands: {', '.join(c for c in COMMANDS if c not in COLLECTIVES)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        unknown = _unknown_command(argv)
+        if unknown:
+            raise ArgumentError(unknown)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 2
+        return args.run(args) or 0
+    except CompileError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug, not bad input: one line unless asked for the traceback
+        if os.environ.get("MSCCL_COMPILE_DEBUG"):
+            raise
+        print(f"{PROG}: internal error: {type(e).__name__}: {e} (set MSCCL_COMPILE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Demands: which chunk starts where and which ranks must end with it.
+
+A chunk is the unit the planners route. `sources` hold it at the start (for a reduction: the ranks
+that contribute to it); `dests` must hold it (the full reduction) at the end. Buffer indices say
+where the chunk lives in each source's input and each destination's output, in units of one chunk,
+which is what the lowering needs. Several jobs can share one topology: each chunk names its job,
+and `merge` joins demands on disjoint rank sets into one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DemandError
+
+COLLECTIVES = ("allgather", "alltoall", "reduce_scatter", "allreduce", "broadcast", "reduce", "scatter", "gather")
+ROOTED = ("broadcast", "reduce", "scatter", "gather")
+REDUCTIONS = ("reduce_scatter", "allreduce", "reduce")
+_ALIASES = {
+    "allgather": "allgather", "all_gather": "allgather", "all-gather": "allgather",
+    "alltoall": "alltoall", "all_to_all": "alltoall", "all-to-all": "alltoall", "a2a": "alltoall",
+    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
+    "allreduce": "allreduce", "all_reduce": "allreduce", "all-reduce": "allreduce",
+    "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce", "scatter": "scatter", "gather": "gather",
+}
+
+
+def canonical(name: str) -> str:
+    """'ReduceScatter', 'reduce-scatter', 'reducescatter' -> 'reduce_scatter' (msccl-tools spellings too)."""
+    key = name.strip().lower()
+    if key not in _ALIASES:
+        raise DemandError(f"collective: {name!r} is not a collective (known: {', '.join(COLLECTIVES)}, custom)")
+    return _ALIASES[key]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    id: int
+    sources: tuple[int, ...]
+    dests: tuple[int, ...]
+    src_index: tuple[int, ...]  # input-buffer index at each source, parallel to sources
+    dst_index: tuple[int, ...]  # output-buffer index at each destination, parallel to dests
+    job: int = 0
+
+
+@dataclass(frozen=True)
+class Demand:
+    collective: str
+    ngpus: int
+    chunks: tuple[Chunk, ...]
+    chunk_bytes: float
+    size_bytes: int  # the size as nccl-tests counts it
+    chunks_per_rank: int = 1
+    reduce: bool = False
+    root: int | None = None
+    input_chunks: int = 0  # per-rank buffer sizes in chunks (MSCCL i_chunks / o_chunks)
+    output_chunks: int = 0
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({r for c in self.chunks for r in c.sources + c.dests}))
+
+    @property
+    def jobs(self) -> tuple[int, ...]:
+        return tuple(sorted({c.job for c in self.chunks}))
+
+    def needs(self) -> list[tuple[int, int]]:
+        """(chunk id, rank) for every delivery the schedule must make."""
+        return [(c.id, d) for c in self.chunks for d in c.dests if self.reduce or d not in c.sources]
+
+    def masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Boolean (chunks x ngpus) membership of sources and of destinations."""
+        src = np.zeros((len(self.chunks), self.ngpus), dtype=bool)
+        dst = np.zeros_like(src)
+        for i, c in enumerate(self.chunks):
+            src[i, list(c.sources)] = True
+            dst[i, list(c.dests)] = True
+        return src, dst
+
+    def split(self, parts: int) -> "Demand":
+        """Each chunk becomes `parts` sub-chunks (buffer indices scale accordingly)."""
+        if parts == 1:
+            return self
+        chunks = []
+        for c in self.chunks:
+            for p in range(parts):
+                chunks.append(Chunk(c.id * parts + p, c.sources, c.dests,
+                                    tuple(i * parts + p for i in c.src_index),
+                                    tuple(i * parts + p for i in c.dst_index), c.job))
+        return replace(self, chunks=tuple(chunks), chunk_bytes=self.chunk_bytes / parts,
+                       chunks_per_rank=self.chunks_per_rank * parts,
+                       input_chunks=self.input_chunks * parts, output_chunks=self.output_chunks * parts)
+
+    # ---- JSON ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "collective": self.collective, "ngpus": self.ngpus, "chunk_bytes": self.chunk_bytes,
+            "size_bytes": self.size_bytes, "chunks_per_rank": self.chunks_per_rank, "reduce": self.reduce,
+            "root": self.root, "input_chunks": self.input_chunks, "output_chunks": self.output_chunks,
+            "chunks": [[c.id, list(c.sources), list(c.dests), list(c.src_index), list(c.dst_index), c.job]
+                       for c in self.chunks],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Demand":
+        return cls(
+            collective=d["collective"], ngpus=int(d["ngpus"]),
+            chunks=tuple(Chunk(int(i), tuple(s), tuple(t), tuple(si), tuple(di), int(j))
+                         for i, s, t, si, di, j in d["chunks"]),
+            chunk_bytes=float(d["chunk_bytes"]), size_bytes=int(d["size_bytes"]),
+            chunks_per_rank=int(d["chunks_per_rank"]), reduce=bool(d["reduce"]), root=d["root"],
+            input_chunks=int(d["input_chunks"]), output_chunks=int(d["output_chunks"]),
+        )
+
+
+def _check(ngpus: int, size: int, chunks: int, root: int | None, collective: str) -> None:
+    if ngpus < 2:
+        raise DemandError(f"{collective}: needs at least 2 ranks, the topology has {ngpus}")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise DemandError(f"--chunks: {chunks!r} must be a whole number >= 1")
+    if size <= 0:
+        raise DemandError(f"--size: {size!r} must be positive")
+    if root is not None and not 0 <= root < ngpus:
+        raise DemandError(f"--root: {root} is out of range (ranks 0..{ngpus - 1})")
+
+
+def make_demand(collective: str, ngpus: int, size_bytes: int, chunks: int = 1, root: int | None = None) -> Demand:
+    """The standard collectives. `size_bytes` is nccl-tests' size: allgather the whole output,
+    reduce_scatter the whole input, alltoall one rank's send buffer, the others the buffer."""
+    coll = canonical(collective)
+    if coll in ROOTED:
+        root = 0 if root is None else root
+    elif root not in (None, 0):
+        raise DemandError(f"--root: {coll} has no root (got {root})")
+    else:
+        root = None
+    _check(ngpus, size_bytes, chunks, root, coll)
+    n, C = ngpus, chunks
+    everyone = tuple(range(n))
+    out: list[Chunk] = []
+    if coll == "allgather":
+        for s in range(n):
+            for c in range(C):
+                out.append(Chunk(len(out), (s,), everyone, (c,), (s * C + c,) * n))
+        cb, i_ch, o_ch = size_bytes / (n * C), C, n * C
+    elif coll == "alltoall":
+        for s in range(n):
+            for d in range(n):
+                for c in range(C):
+                    out.append(Chunk(len(out), (s,), (d,), (d * C + c,), (s * C + c,)))
+        cb, i_ch, o_ch = size_bytes / (n * C), n * C, n * C
+    elif coll == "reduce_scatter":
+        for d in range(n):
+            for c in range(C):
+                out.append(Chunk(len(out), everyone, (d,), (d * C + c,) * n, (c,)))
+        cb, i_ch, o_ch = size_bytes / (n * C), n * C, C
+    elif coll == "allreduce":
+        for k in range(n * C):
+            out.append(Chunk(len(out), everyone, everyone, (k,) * n, (k,) * n))
+        cb, i_ch, o_ch = size_bytes / (n * C), n * C, n * C
+    elif coll == "broadcast":
+        for c in range(C):
+            out.append(Chunk(len(out), (root,), everyone, (c,), (c,) * n))
+        cb, i_ch, o_ch = size_bytes / C, C, C
+    elif coll == "reduce":
+        for c in range(C):
+            out.append(Chunk(len(out), everyone, (root,), (c,) * n, (c,)))
+        cb, i_ch, o_ch = size_bytes / C, C, C
+    elif coll == "scatter":  # size = the root's whole send buffer
+        for d in range(n):
+            for c in range(C):
+                out.append(Chunk(len(out), (root,), (d,), (d * C + c,), (c,)))
+        cb, i_ch, o_ch = size_bytes / (n * C), n * C, C
+    else:  # gather: size = the root's whole receive buffer
+        for s in range(n):
+            for c in range(C):
+                out.append(Chunk(len(out), (s,), (root,), (c,), (s * C + c,)))
+        cb, i_ch, o_ch = size_bytes / (n * C), C, n * C
+    return Demand(coll, n, tuple(out), cb, size_bytes, C, coll in REDUCTIONS, root, i_ch, o_ch)
+
+
+def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1) -> Demand:
+    """A demand from JSON: {"chunks": [{"from": 0, "to": [1, 2]}, ...], "reduce": false}.
+    `from` may be a list (several holders, or contributors when reduce is true); buffer indices
+    default to the order of appearance at each rank. --size is the size of one chunk."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DemandError(f"{path}: no such demand file") from None
+    except json.JSONDecodeError as e:
+        raise DemandError(f"{path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("chunks"), list) or not doc["chunks"]:
+        raise DemandError(f"{path}: chunks: must be a non-empty list of {{\"from\": rank, \"to\": [ranks]}}")
+    unknown = set(doc) - {"chunks", "reduce", "ngpus", "name"}
+    if unknown:
+        raise DemandError(f"{path}: {sorted(unknown)[0]}: unknown field (allowed: chunks, reduce, ngpus, name)")
+    if "ngpus" in doc and doc["ngpus"] != ngpus:
+        raise DemandError(f"{path}: ngpus: {doc['ngpus']!r} does not match the topology's {ngpus} GPUs")
+    _check(ngpus, chunk_bytes, chunks, None, "custom")
+    reduce = bool(doc.get("reduce", False))
+    in_next = [0] * ngpus
+    out_next = [0] * ngpus
+    out: list[Chunk] = []
+    for i, c in enumerate(doc["chunks"]):
+        if not isinstance(c, dict) or set(c) - {"from", "to", "job"} or "from" not in c or "to" not in c:
+            raise DemandError(f"{path}: chunks[{i}]: {c!r} must be {{\"from\": rank(s), \"to\": [ranks], \"job\": n}}")
+        src = c["from"] if isinstance(c["from"], list) else [c["from"]]
+        dst = c["to"] if isinstance(c["to"], list) else [c["to"]]
+        for field, ranks in (("from", src), ("to", dst)):
+            if not ranks:
+                raise DemandError(f"{path}: chunks[{i}].{field}: is empty")
+            for r in ranks:
+                if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < ngpus:
+                    raise DemandError(f"{path}: chunks[{i}].{field}: {r!r} is not a rank (0..{ngpus - 1})")
+            if len(set(ranks)) != len(ranks):
+                raise DemandError(f"{path}: chunks[{i}].{field}: {ranks!r} repeats a rank")
+        for p in range(chunks):
+            si = []
+            for r in src:
+                si.append(in_next[r])
+                in_next[r] += 1
+            di = []
+            for r in dst:
+                di.append(out_next[r])
+                out_next[r] += 1
+            out.append(Chunk(len(out), tuple(src), tuple(dst), tuple(si), tuple(di), int(c.get("job", 0))))
+    return Demand("custom", ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
+                  chunks, reduce, None, max(in_next), max(out_next))
+
+
+def merge(demands: list[Demand]) -> Demand:
+    """Several jobs on one topology: chunk ids renumbered, job ids kept distinct."""
+    if not demands:
+        raise DemandError("merge: no demand given")
+    first = demands[0]
+    chunks: list[Chunk] = []
+    for job, d in enumerate(demands):
+        if d.ngpus != first.ngpus or d.chunk_bytes != first.chunk_bytes or d.reduce != first.reduce:
+            raise DemandError("merge: jobs must share the topology, the chunk size and reduction kind")
+        for c in d.chunks:
+            chunks.append(replace(c, id=len(chunks), job=job))
+    return replace(first, collective="custom", chunks=tuple(chunks),
+                   size_bytes=sum(d.size_bytes for d in demands),
+                   input_chunks=max(d.input_chunks for d in demands),
+                   output_chunks=max(d.output_chunks for d in demands))

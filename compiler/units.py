@@ -1,0 +1,54 @@
+"""Parsing and printing sizes. Inside the compiler everything is SI: bytes, seconds, bytes/s."""
+
+import re
+
+from .errors import CompileError
+
+_FACTORS = {
+    "": 1, "B": 1,
+    "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9, "T": 10**12, "TB": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str, field: str = "--size") -> int:
+    """'1GB' -> 10**9, '4KiB' -> 4096, '512' -> 512. Decimal units as nccl-tests and TE-CCL use them."""
+    where = f"{field}: " if field else ""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _FACTORS:
+        raise CompileError(f"{where}{text!r} is not a size (examples: 1GB, 256MiB, 4096)")
+    value = float(m.group(1)) * _FACTORS[unit]
+    if value != int(value):
+        raise CompileError(f"{where}{text!r} is not a whole number of bytes")
+    if value <= 0:
+        raise CompileError(f"{where}{text!r} must be positive")
+    return int(value)
+
+
+def parse_size_range(text: str, field: str = "--sizes") -> tuple[int, int]:
+    """'1KB:1GB' -> (1000, 10**9)."""
+    parts = str(text).split(":")
+    if len(parts) != 2:
+        raise CompileError(f"{field}: {text!r} is not a range LO:HI (example: 1KB:1GB)")
+    lo, hi = parse_size(parts[0], field), parse_size(parts[1], field)
+    if lo > hi:
+        raise CompileError(f"{field}: {text!r} has LO above HI")
+    return lo, hi
+
+
+def format_size(nbytes: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= f:
+            v = nbytes / f
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+    return f"{nbytes:.0f}B"
+
+
+def format_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.2f} us"

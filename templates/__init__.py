@@ -1,0 +1,1 @@
+"""Jinja2 templates shipped with msccl-compile."""

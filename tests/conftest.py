@@ -1,0 +1,23 @@
+import subprocess
+import sys
+
+import pytest
+
+from compiler.profiles import load_topology
+
+
+def run_cli(*args, cwd=None, timeout=600):
+    """Run the installed CLI in a subprocess; returns CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-m", "compiler.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def topo():
+    cache = {}
+
+    def get(name, nodes=1):
+        if (name, nodes) not in cache:
+            cache[(name, nodes)] = load_topology(name, nodes)
+        return cache[(name, nodes)]
+    return get

@@ -1,0 +1,152 @@
+import pytest
+
+from compiler.bounds import bound_for, busbw, lower_bound, min_cut
+from compiler.collectives import make_demand
+from compiler.errors import DemandError
+from compiler.profiles import compose, load_topology, synthetic_profile
+from tests.conftest import run_cli
+
+GB = 10**9
+
+# hardware.md §0: allgather bounds for a 1 GB buffer on one node
+SECTION0_AG_MS = {"dgx2": 7.50, "dgx-a100": 2.917, "dgx-h100": 1.944, "mi250": 3.00, "mi300x": 1.953}
+
+# hardware.md §3.2 worked numbers (AG/RS bound, A2A bound), ms
+SECTION32 = [
+    ("dgx1", 1, 5.83, 13.3),
+    ("mi250", 1, 3.00, 6.67),
+    ("mi300x", 1, 1.95, 1.95),
+    ("dgx-a100", 1, 2.92, 2.92),
+    ("dgx-h100", 1, 1.94, 1.94),
+    ("dgx-a100", 2, 2.88, 20.0),
+    ("dgx-h100", 2, 1.88, 10.0),
+    ("ndv2", 2, 40.0, 320.0),
+    ("ndv2", 4, 60.0, None),
+]
+
+
+@pytest.mark.parametrize("name", sorted(SECTION0_AG_MS))
+def test_section0_allgather_bounds_within_one_percent(topo, name):
+    b = lower_bound(topo(name), "allgather", GB)
+    assert b.time_s * 1e3 == pytest.approx(SECTION0_AG_MS[name], rel=0.01)
+    assert b.alpha_s > 0 and b.time_s > b.bandwidth_s
+
+
+@pytest.mark.parametrize("name,nodes,ag,a2a", SECTION32)
+def test_section32_worked_numbers(topo, name, nodes, ag, a2a):
+    t = topo(name, nodes)
+    assert lower_bound(t, "allgather", GB).bandwidth_s * 1e3 == pytest.approx(ag, rel=0.01)
+    assert lower_bound(t, "reduce_scatter", GB).bandwidth_s * 1e3 == pytest.approx(ag, rel=0.01)
+    if a2a is not None:
+        assert lower_bound(t, "alltoall", GB).bandwidth_s * 1e3 == pytest.approx(a2a, rel=0.01)
+
+
+def test_mi250_binding_cut_is_a_package_not_one_gcd(topo):
+    b = lower_bound(topo("mi250"), "allgather", GB)
+    assert "{6,7}" in b.binding or "{0,1}" in b.binding or "{2,3}" in b.binding or "{4,5}" in b.binding
+    # the weakest single GCD alone gives only 7/8 GB over 300 GB/s
+    assert b.bandwidth_s > 0.875 / 300 * 1.02
+
+
+def test_two_dgx2_bound_counts_shared_nics_once(topo):
+    t = topo("dgx2", 2)
+    b = lower_bound(t, "allgather", GB)
+    chunk = GB / 32
+    # GPUs 0 and 1 each need 31 chunks: NVSwitch 2 x 125 GB/s plus one shared 12.5 GB/s NIC
+    assert b.bandwidth_s == pytest.approx(62 * chunk / 262.5e9)
+    assert b.bandwidth_s < 7.75e-3  # TE-CCL's figure is beatable: their model gave GPUs no NIC ingress
+    assert lower_bound(t, "alltoall", GB).bandwidth_s == pytest.approx(0.08)
+
+
+def tiny(kind, n):
+    return compose(synthetic_profile(kind, n, "test"))
+
+
+def test_hand_computed_small_cases():
+    bw = 25e9
+    # ring of 4: any 3 GPUs send 3 chunks of M/4 out over 2 links
+    assert lower_bound(tiny("ring", 4), "allgather", GB).bandwidth_s == pytest.approx(0.75 * GB / (2 * bw))
+    # line of 3: GPUs {0,1} must push 2/3 M through the single link 1->2
+    assert lower_bound(tiny("line", 3), "allgather", GB).bandwidth_s == pytest.approx(2 / 3 * GB / bw)
+    # star of 4, alltoall: a leaf sends 3 x M/4 over its one link
+    assert lower_bound(tiny("star", 4), "alltoall", GB).bandwidth_s == pytest.approx(0.75 * GB / bw)
+    # broadcast on a line of 4 from 0: the whole buffer crosses each link once
+    assert lower_bound(tiny("line", 4), "broadcast", GB, root=0).bandwidth_s == pytest.approx(GB / bw)
+    # allreduce = reduce-scatter + allgather: 2 (n-1)/n M / B on a switch
+    hub = tiny("hub-and-spoke", 4)
+    assert lower_bound(hub, "allreduce", GB).bandwidth_s == pytest.approx(2 * 0.75 * GB / bw)
+
+
+def test_latency_bound_dominates_tiny_buffers():
+    line = tiny("line", 4)
+    b = lower_bound(line, "allgather", 4)
+    assert b.latency_s == pytest.approx(3 * 0.7e-6)
+    assert b.time_s == pytest.approx(b.latency_s)
+    b = lower_bound(line, "broadcast", 4, root=1)
+    assert b.latency_s == pytest.approx(2 * 0.7e-6)
+
+
+def test_min_cut_uses_the_best_switch_placement(topo):
+    t = topo("dgx2", 2)
+    assert min_cut(t, range(16)) == pytest.approx(100e9)  # node 0 leaves through 8 NICs
+    assert min_cut(t, [5]) == pytest.approx(137.5e9)
+
+
+def test_exhaustive_and_structured_cuts_agree_where_both_apply(topo):
+    from compiler.bounds import EXACT_MAX_VERTICES, Traffic, cut_bound
+    import compiler.bounds as bounds
+    t = topo("mi250")
+    demand = make_demand("alltoall", t.ngpus, GB)
+    exact = cut_bound(t, Traffic.of(demand))
+    old = bounds.EXACT_MAX_VERTICES
+    try:
+        bounds.EXACT_MAX_VERTICES = 0
+        structured = cut_bound(t, Traffic.of(demand))
+    finally:
+        bounds.EXACT_MAX_VERTICES = old
+    assert structured[2] == "structured cuts" and exact[2] == "exhaustive cuts" and EXACT_MAX_VERTICES == old
+    assert structured[0] <= exact[0] * (1 + 1e-9)
+
+
+def test_unreachable_demand_is_an_error():
+    one_way = compose({**synthetic_profile("line", 3, "t"),
+                       "links": [{"ends": [0, 1], "bandwidth_GBps": 1, "alpha_us": 1, "duplex": False},
+                                 {"ends": [1, 2], "bandwidth_GBps": 1, "alpha_us": 1}]})
+    with pytest.raises(DemandError):
+        bound_for(one_way, make_demand("allgather", 3, GB))
+
+
+def test_busbw_factors():
+    assert busbw("allreduce", 8, 100.0) == pytest.approx(175.0)
+    assert busbw("allgather", 8, 100.0) == pytest.approx(87.5)
+    assert busbw("broadcast", 8, 100.0) == 100.0
+
+
+def test_cli_profiles_list_and_show_json():
+    proc = run_cli("profiles")
+    assert proc.returncode == 0
+    assert len([l for l in proc.stdout.splitlines() if "GPUs" in l]) >= 7
+    proc = run_cli("profiles", "--json")
+    names = {p["name"] for p in __import__("json").loads(proc.stdout)}
+    assert {"dgx1", "ndv2", "dgx2", "dgx-a100", "dgx-h100", "mi250", "mi300x"} <= names
+    proc = run_cli("profiles", "show", "dgx2", "--nodes", "2", "--json")
+    info = __import__("json").loads(proc.stdout)
+    assert info["ngpus"] == 32 and info["nodes"] == 2
+    assert info["bounds"]["alltoall"]["algbw_GBps"] == pytest.approx(12.5, rel=1e-3)
+    proc = run_cli("profiles", "show", "mi250")
+    assert proc.returncode == 0 and "allgather bound at 1GB: 3.001 ms" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("profiles", "show", "nope"), "unknown hardware profile 'nope'"),
+    (("profiles", "show", "dgx2", "--nodes", "0"), "--nodes"),
+    (("profiles", "show", "dgx2", "--nodes", "two"), "--nodes"),
+    (("allgathr", "--hw", "dgx2"), "unknown command or collective 'allgathr'"),
+    (("bound", "allgathr", "--hw", "dgx2"), "'allgathr' is not a collective"),
+    (("bound", "allgather", "--hw", "dgx2", "--size", "0"), "--size"),
+    (("bound", "broadcast", "--hw", "dgx2", "--root", "16"), "--root: 16 is out of range"),
+])
+def test_cli_errors_are_one_line_exit_2(args, needle):
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

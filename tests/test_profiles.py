@@ -1,0 +1,174 @@
+import json
+
+import pytest
+
+from compiler.errors import ProfileError
+from compiler.profiles import list_profiles, load_topology
+from compiler.topology import Topology
+from tests.conftest import run_cli
+
+GB = 1e9
+REQUIRED = {"dgx1": 8, "ndv2": 8, "dgx2": 16, "dgx-a100": 8, "dgx-h100": 8, "mi250": 8, "mi300x": 8}
+
+
+def gpu_pairs(t: Topology) -> dict[tuple[int, int], int]:
+    return {(l.src, l.dst): l.count for l in t.links if t.is_gpu(l.src) and t.is_gpu(l.dst)}
+
+
+def test_every_required_profile_ships_with_sources():
+    infos = {p.name: p for p in list_profiles()}
+    for name, n in REQUIRED.items():
+        assert infos[name].ngpus == n
+        t = load_topology(name)
+        assert t.ngpus == n and dict(t.sources), name
+        assert t.gpus_connected()
+
+
+def test_dgx1_cube_mesh_matches_msccl_tools():
+    pairs = gpu_pairs(load_topology("dgx1"))
+    double = [(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)]
+    single = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
+    for a, b in double:
+        assert pairs[(a, b)] == pairs[(b, a)] == 2
+    for a, b in single:
+        assert pairs[(a, b)] == pairs[(b, a)] == 1
+    assert len(pairs) == 32
+    t = load_topology("dgx1")
+    assert all(t.ingress(g) == t.egress(g) == 150 * GB for g in range(8))
+
+
+def test_mi250_link_counts_and_package_cut():
+    t = load_topology("mi250")
+    links_per_gcd = [sum(t.links[i].count for i in t.out_links(g)) for g in range(8)]
+    assert links_per_gcd == [7, 6, 7, 6, 7, 6, 7, 6]
+    pairs = gpu_pairs(t)
+    for pkg in range(4):
+        a, b = 2 * pkg, 2 * pkg + 1
+        assert pairs[(a, b)] == 4
+        outside = sum(c for (x, y), c in pairs.items() if x in (a, b) and y not in (a, b))
+        assert outside == 5
+    assert all(t.links[i].bandwidth == 50 * GB for i in range(len(t.links)))
+
+
+def test_mi300x_full_mesh():
+    t = load_topology("mi300x")
+    pairs = gpu_pairs(t)
+    assert len(pairs) == 56 and set(pairs.values()) == {1}
+    assert all(t.egress(g) == 7 * 64 * GB for g in range(8))
+
+
+def test_switch_profiles_per_gpu_bandwidth_and_multicast():
+    for name, bw, mc in (("dgx2", 125, False), ("dgx-a100", 300, False), ("dgx-h100", 450, True)):
+        t = load_topology(name)
+        assert [s.multicast for s in t.switches] == [mc]
+        for g in range(t.ngpus):
+            assert t.ingress(g) == t.egress(g) == bw * GB
+            assert t.neighbours(g) == tuple(x for x in range(t.ngpus) if x != g)
+            assert t.path_alpha(t.best_path(g, (g + 1) % t.ngpus)) == pytest.approx(0.7e-6)
+
+
+def test_two_dgx2_nodes_make_32_gpus_sharing_nics():
+    t = load_topology("dgx2", nodes=2)
+    assert t.ngpus == 32 and t.nodes == 2
+    (path,) = t.paths(1, 16)
+    names = [t.vertex_name(v) for v in path]
+    assert names == ["gpu1", "nic0.tx@0", "network", "nic0.rx@1", "gpu16"]
+    assert t.path_alpha(path) == pytest.approx(2.6e-6)
+    assert t.path_bandwidth(path) == 12.5 * GB
+    # GPUs 0 and 1 share one 12.5 GB/s transmit side: one link from it into the network
+    tx = t.vertex_id("nic0.tx@0")
+    assert [t.links[i].dst for i in t.out_links(tx)] == [t.vertex_id("network")]
+    assert sorted(t.links[i].src for i in t.in_links(tx)) == [0, 1]
+    # a NIC is not a shortcut between the GPUs it serves
+    assert t.paths(0, 1)
+    assert all(not (len(p) == 3 and t.switch(p[1]).kind == "nic") for p in t.paths(0, 1))
+
+
+def test_nodes_compose_for_every_profile():
+    for name in REQUIRED:
+        t = load_topology(name, nodes=3)
+        assert t.ngpus == 3 * REQUIRED[name]
+        assert t.gpus_connected()
+
+
+def test_topology_json_round_trip():
+    for name, nodes in (("mi250", 1), ("dgx2", 2)):
+        t = load_topology(name, nodes)
+        assert Topology.from_json(t.to_json()) == t
+
+
+def test_synthetic_topologies():
+    ring = load_topology("ring:6")
+    assert ring.neighbours(0) == (1, 5)
+    assert load_topology("line:4").neighbours(0) == (1,)
+    star = load_topology("star:5")
+    assert star.neighbours(3) == (0,) and star.paths(1, 2) == ()
+    hub = load_topology("hub-and-spoke:4")
+    assert hub.neighbours(0) == (1, 2, 3)
+    assert load_topology("FullyConnected:3").neighbours(2) == (0, 1)
+
+
+def test_aliases_and_user_profile_file(tmp_path):
+    assert load_topology("DGX2").ngpus == 16
+    assert load_topology("NDv2").nics[0].gpus == tuple(range(8))
+    doc = {
+        "name": "two", "description": "two GPUs", "vendor": "other", "gpu": {"model": "x", "count": 2, "sms": 10},
+        "switches": [], "links": [{"ends": [0, 1], "bandwidth_GBps": 10, "alpha_us": 1}],
+        "nics": [], "sources": {"links": "made up"},
+    }
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(doc))
+    t = load_topology(str(path))
+    assert t.links[0].bandwidth == 10 * GB and t.links[0].alpha == pytest.approx(1e-6)
+
+
+BASE = {
+    "name": "bad", "description": "d", "vendor": "other", "gpu": {"model": "x", "count": 3, "sms": 10},
+    "switches": [{"name": "sw"}],
+    "links": [{"ends": [0, "sw"], "bandwidth_GBps": 10, "alpha_us": 1},
+              {"ends": [1, "sw"], "bandwidth_GBps": 10, "alpha_us": 1},
+              {"ends": [2, "sw"], "bandwidth_GBps": 10, "alpha_us": 1}],
+    "nics": [], "sources": {"links": "test"},
+}
+
+
+def mutated(edit):
+    doc = json.loads(json.dumps(BASE))
+    edit(doc)
+    return doc
+
+
+BROKEN = [
+    ("unknown rank", lambda d: d["links"][1].update(ends=[7, "sw"]), "links[1].ends[0]", "7"),
+    ("unknown switch", lambda d: d["links"][2].update(ends=[2, "nvs"]), "links[2].ends[1]", "'nvs'"),
+    ("non-positive bandwidth", lambda d: d["links"][0].update(bandwidth_GBps=0), "links[0].bandwidth_GBps", "0"),
+    ("negative alpha", lambda d: d["links"][2].update(alpha_us=-0.5), "links[2].alpha_us", "-0.5"),
+    ("duplicate link", lambda d: d["links"].append({"ends": ["sw", 1], "bandwidth_GBps": 5, "alpha_us": 1}),
+     "links[3].ends", "duplicates links[1]"),
+    ("disconnected", lambda d: d["links"].pop(), "links", "GPU 2"),
+    ("unknown field", lambda d: d["gpu"].update(memory=80), "gpu.memory", "unknown field"),
+    ("missing field", lambda d: d.pop("sources"), "sources", "missing"),
+    ("nic rank", lambda d: d["nics"].append({"gpus": [3], "bandwidth_GBps": 1, "alpha_us": 1}), "nics[0].gpus[0]", "3"),
+]
+
+
+@pytest.mark.parametrize("what,edit,field,value", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_profile_is_one_clear_line(tmp_path, what, edit, field, value):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(mutated(edit)))
+    with pytest.raises(ProfileError) as err:
+        load_topology(str(path))
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: {field}:"), msg
+    assert value in msg and "\n" not in msg
+    proc = run_cli("profiles", "show", path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert field in proc.stderr
+
+
+def test_invalid_json_file(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{ not json")
+    proc = run_cli("bound", "allgather", "--hw", path)
+    assert proc.returncode == 2 and "not valid JSON: line 1" in proc.stderr and proc.stderr.count("\n") == 1
