@@ -1,0 +1,20 @@
+"""Options every planner accepts. Planners read what applies to them and ignore the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    method: str = "auto"
+    time_limit: float = 60.0  # seconds for the whole plan, model building included
+    gap: float = 1e-4  # relative MIP gap at which the solver stops
+    max_horizon: int | None = None  # cap on the number of epochs (the horizon is never a user guess)
+    tau: float | None = None  # epoch length override (seconds)
+    multicast: bool = False  # let switches marked multicast copy (NVLS); MSCCL XML cannot express it
+    warm_start: bool = True  # start the solver from the best baseline schedule
+    symmetry: bool = True  # solve one representative per symmetry orbit where the topology allows
+    verbose: bool = False  # forward the solver log
+    progress: Callable[[str], None] | None = None  # one-line progress reports (elapsed, horizon, incumbent, gap)

@@ -1,0 +1,107 @@
+"""Schedules: what every planner returns and what the simulator and the lowering read.
+
+A Transfer moves one chunk from one GPU to another along a path whose inner vertices are switches.
+Epochs are the planner's clock; the simulator re-times transfers in continuous time and keeps only
+their order. The order of `transfers` is the schedule order: links serve transfers in that order.
+
+Reductions: a transfer with `reduce=True` carries the sender's partial sum (its own contribution
+plus every reduce-transfer into it that comes earlier in the schedule) and the receiver adds it to
+its own partial. A copy (`reduce=False`) of a reduction chunk replaces the receiver's value with
+the sender's (allreduce's allgather phase).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .collectives import Demand
+from .errors import CompileError
+
+
+@dataclass(frozen=True)
+class Transfer:
+    chunk: int  # Demand chunk id
+    src: int  # sending rank
+    dst: int  # receiving rank
+    path: tuple[int, ...]  # vertex ids, src first, dst last
+    start: int  # epoch the send starts
+    arrive: int  # first epoch the chunk is usable at dst
+    reduce: bool = False
+    group: int = -1  # transfers with one group >= 0 share their common first links (switch multicast)
+
+    def to_list(self) -> list:
+        return [self.chunk, self.src, self.dst, list(self.path), self.start, self.arrive, int(self.reduce), self.group]
+
+    @classmethod
+    def from_list(cls, x: list) -> "Transfer":
+        c, s, d, p, k, a, r, g = x
+        return cls(int(c), int(s), int(d), tuple(int(v) for v in p), int(k), int(a), bool(r), int(g))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    demand: Demand
+    topology: str  # Topology.name it was planned for
+    transfers: tuple[Transfer, ...]
+    tau: float  # seconds per epoch
+    epochs: int  # horizon: every transfer arrives by this epoch
+    planner: str  # "milp", "lp", "ring", "direct", ...
+    status: str = "heuristic"  # "optimal", "time_limit", "gap_limit", "feasible", "heuristic"
+    gap: float | None = None  # relative MIP gap when a solver stopped early
+    solve_time: float = 0.0  # seconds of planning, model building included
+    lp_value: float | None = None  # the LP relaxation's finish time (s), where an LP was solved
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def ngpus(self) -> int:
+        return self.demand.ngpus
+
+    def sorted(self) -> "Schedule":
+        """Transfers in epoch order, ties kept in their current order."""
+        return replace(self, transfers=tuple(sorted(self.transfers, key=lambda t: (t.start, t.arrive))))
+
+    def with_notes(self, *notes: str) -> "Schedule":
+        return replace(self, notes=self.notes + tuple(notes))
+
+    def to_dict(self) -> dict:
+        return {
+            "format": "msccl-compile/schedule-v1",
+            "topology": self.topology, "planner": self.planner, "status": self.status, "gap": self.gap,
+            "solve_time_s": self.solve_time, "lp_value_s": self.lp_value, "tau_s": self.tau, "epochs": self.epochs,
+            "notes": list(self.notes), "demand": self.demand.to_dict(),
+            "transfers": [t.to_list() for t in self.transfers],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Schedule":
+        return cls(
+            demand=Demand.from_dict(d["demand"]), topology=d["topology"],
+            transfers=tuple(Transfer.from_list(x) for x in d["transfers"]), tau=float(d["tau_s"]),
+            epochs=int(d["epochs"]), planner=d["planner"], status=d["status"], gap=d["gap"],
+            solve_time=float(d["solve_time_s"]), lp_value=d["lp_value_s"], notes=tuple(d["notes"]),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str) -> None:
+        from .fileio import atomic_write
+        atomic_write(path, self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str) -> "Schedule":
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            if d.get("format") != "msccl-compile/schedule-v1":
+                raise CompileError(f"{path}: format: {d.get('format')!r} is not msccl-compile/schedule-v1")
+            return cls.from_dict(d)
+        except FileNotFoundError:
+            raise CompileError(f"{path}: no such schedule file") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise CompileError(f"{path}: not a valid schedule: {type(e).__name__}: {e}") from None
