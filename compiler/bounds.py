@@ -63,11 +63,16 @@ class Traffic:
         return cls(src, dst, np.full(len(demand.chunks), demand.chunk_bytes), demand.reduce)
 
     def leaving(self, inside: np.ndarray) -> np.ndarray:
-        """Bytes that must leave each GPU set; `inside` is (sets, ngpus) bool."""
+        """Bytes that must leave each GPU set; `inside` is (sets, ngpus) bool. A copy chunk must
+        leave only if every holder is inside (else an outside holder can serve the outside); a
+        reduction must, if any contribution is inside."""
         a = inside.astype(np.float64)
-        held = (a @ self.src.T) > 0
+        if self.reduce:
+            from_inside = (a @ self.src.T) > 0
+        else:
+            from_inside = ((1.0 - a) @ self.src.T) == 0
         wanted_outside = ((1.0 - a) @ self.dst.T) > 0
-        return (held & wanted_outside) @ self.nbytes
+        return (from_inside & wanted_outside) @ self.nbytes
 
     def need_in(self) -> np.ndarray:
         """Bytes each GPU must receive at least."""

@@ -150,3 +150,13 @@ def test_cli_errors_are_one_line_exit_2(args, needle):
     proc = run_cli(*args)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_chunk_held_on_both_sides_of_a_cut_need_not_cross_it():
+    from compiler.bounds import Traffic
+    import numpy as np
+    src = np.array([[True, True, False, False]])
+    dst = np.array([[True, True, True, True]])
+    t = Traffic(src, dst, np.array([100.0]), False)
+    inside = np.array([[False, True, False, False], [True, True, False, False]])
+    assert list(t.leaving(inside)) == [0.0, 100.0]

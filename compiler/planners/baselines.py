@@ -1,0 +1,336 @@
+"""Classic baselines: NCCL-style rings and one-hop direct sends.
+
+Both produce schedules that are feasible in the epoch model of compiler/timing.py, so they can warm
+start the MILP: each transfer is list-scheduled at the earliest epoch, no earlier than its source
+holds the chunk, at which every link of its path has fewer than capacity[l] chunks in flight over
+the link's window.
+
+ring: on switch systems the ring follows rank order (the hop between nodes goes through the NICs);
+on direct-link meshes the rings are directed Hamiltonian cycles over GPU-to-GPU links, as many
+edge-disjoint ones (parallel links counted) as a quick search finds. Chunk lane c (the c-th chunk
+of a rank) uses ring c mod R. Every collective is a walk along the ring: a copy chunk travels from
+its (first) source until its farthest destination; a reduction chunk accumulates along the ring into
+an owner (reduce transfers), which then copies the result on to the other destinations.
+
+direct: every need is one transfer from a source to the destination over the best path; in round r
+rank s sends to (s + r) mod N, so no receiver is a hot spot.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from ..collectives import Chunk, Demand
+from ..errors import CompileError
+from ..schedule import Schedule, Transfer
+from ..timing import TimeExpansion, expand
+from ..topology import Topology
+from . import register
+from .options import PlanOptions
+
+Hop = tuple[int, int, int, bool]  # (chunk, src, dst, reduce)
+
+
+# ---- epoch-model list scheduling ------------------------------------------------------------------
+
+
+class ListScheduler:
+    """Places transfers one at a time at their earliest feasible epoch."""
+
+    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion):
+        self.topo, self.demand, self.te = topo, demand, te
+        self.inflight: list[list[int]] = [[] for _ in topo.links]  # per link, per epoch
+        # per link: jump[e] == e where the link has room in epoch e, else a later epoch to try
+        # (union-find with path compression, so long full stretches are skipped in one step)
+        self.jump: list[list[int]] = [[] for _ in topo.links]
+        self.ready: dict[tuple[int, int], int] = {}  # (chunk, rank) -> epoch its value is usable
+        for c in demand.chunks:
+            for s in c.sources:
+                self.ready[(c.id, s)] = 0
+        self.transfers: list[Transfer] = []
+
+    def _room(self, link: int, e: int) -> int:
+        """First epoch >= e at which `link` has room."""
+        jump = self.jump[link]
+        root = e
+        while root < len(jump) and jump[root] != root:
+            root = jump[root]
+        while e < len(jump) and jump[e] != e:
+            jump[e], e = root, jump[e]
+        return root
+
+    def _earliest(self, links: tuple[int, ...], k: int) -> int:
+        """First epoch >= k at which every link has room over its whole window."""
+        moved = True
+        while moved:
+            moved = False
+            for l in links:
+                for e in range(k, k + self.te.window[l]):
+                    free = self._room(l, e)
+                    if free != e:
+                        k, moved = free, True
+                        break
+                if moved:
+                    break
+        return k
+
+    def add(self, chunk: int, src: int, dst: int, path: tuple[int, ...], reduce: bool = False) -> Transfer:
+        links = self.topo.path_links(path)
+        if (chunk, src) not in self.ready:
+            raise ValueError(f"list schedule: rank {src} sends chunk {chunk} before it holds it")
+        k = self._earliest(links, self.ready[(chunk, src)])
+        for l in links:
+            occ, jump, end = self.inflight[l], self.jump[l], k + self.te.window[l]
+            if len(occ) < end:
+                jump.extend(range(len(occ), end))
+                occ.extend([0] * (end - len(occ)))
+            for e in range(k, end):
+                occ[e] += 1
+                if occ[e] >= self.te.capacity[l]:
+                    jump[e] = e + 1
+        arrive = k + self.te.arrival[links[-1]]
+        key = (chunk, dst)
+        if not self.demand.reduce:
+            self.ready[key] = min(self.ready.get(key, arrive), arrive)
+        elif reduce:
+            self.ready[key] = max(self.ready.get(key, 0), arrive)
+        else:
+            self.ready[key] = arrive
+        t = Transfer(chunk, src, dst, path, k, arrive, reduce)
+        self.transfers.append(t)
+        return t
+
+    def schedule(self, planner: str, started: float, notes: tuple[str, ...]) -> Schedule:
+        epochs = max((t.arrive for t in self.transfers), default=0)
+        return Schedule(self.demand, self.topo.name, tuple(self.transfers), self.te.tau, epochs, planner,
+                        "heuristic", None, time.perf_counter() - started, None, notes).sorted()
+
+
+_ListScheduler = ListScheduler  # the name planners/lp.py imports
+
+
+def _owner(chunk: Chunk) -> int:
+    """Where a reduction completes: allreduce chunk k at rank k mod N; else a destination."""
+    return chunk.dests[chunk.id % len(chunk.dests)]
+
+
+def _lane(demand: Demand, chunk: Chunk) -> int:
+    """Which of a rank's chunks this is (allreduce chunk k belongs to lane k // N)."""
+    if demand.collective == "allreduce":
+        return chunk.id // demand.ngpus
+    return chunk.id % max(1, demand.chunks_per_rank)
+
+
+# ---- rings ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ring:
+    order: tuple[int, ...]  # ranks in ring order; the last sends to the first
+    pos: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "pos", {r: i for i, r in enumerate(self.order)})
+
+    def step(self, r: int, hops: int = 1) -> int:
+        """The rank `hops` places after r (before it if negative)."""
+        return self.order[(self.pos[r] + hops) % len(self.order)]
+
+    def distance(self, a: int, b: int) -> int:
+        """Hops from a forward to b."""
+        return (self.pos[b] - self.pos[a]) % len(self.order)
+
+    def walk(self, start: int, hops: int) -> list[tuple[int, int]]:
+        return [(self.step(start, h), self.step(start, h + 1)) for h in range(hops)]
+
+
+def _find_cycle(n: int, residual: dict[tuple[int, int], int], rng: random.Random | None,
+                budget: int) -> tuple[int, ...] | None:
+    """One directed Hamiltonian cycle through 0..n-1 over edges with residual > 0 (DFS, Warnsdorff order)."""
+    succ = {v: [w for w in range(n) if residual.get((v, w), 0) > 0] for v in range(n)}
+    if n == 1 or any(not s for s in succ.values()):
+        return None
+    path, seen = [0], {0}
+
+    def options(v: int) -> list[int]:
+        cands = [w for w in succ[v] if w not in seen]
+        key = {w: (sum(1 for x in succ[w] if x not in seen), -residual[(v, w)],
+                   rng.random() if rng else w) for w in cands}
+        return sorted(cands, key=key.__getitem__)
+
+    stack = [iter(options(0))]
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return None
+        w = next(stack[-1], None)
+        if w is None:
+            stack.pop()
+            seen.discard(path.pop())
+            continue
+        path.append(w)
+        seen.add(w)
+        if len(path) == n:
+            if residual.get((w, 0), 0) > 0:
+                return tuple(path)
+            seen.discard(path.pop())
+            continue
+        stack.append(iter(options(w)))
+    return None
+
+
+def hamiltonian_cycles(n: int, counts: dict[tuple[int, int], int], tries: int = 12,
+                       budget: int = 50_000) -> list[tuple[int, ...]]:
+    """As many edge-disjoint directed Hamiltonian cycles as a few greedy passes find (parallel
+    links may carry one cycle each)."""
+    most = min(sum(c for (a, _), c in counts.items() if a == v) for v in range(n))
+    best: list[tuple[int, ...]] = []
+    for attempt in range(tries):
+        rng = random.Random(attempt) if attempt else None
+        residual = dict(counts)
+        found: list[tuple[int, ...]] = []
+        while len(found) < most:
+            cycle = _find_cycle(n, residual, rng, budget)
+            if cycle is None:
+                break
+            found.append(cycle)
+            for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+                residual[(a, b)] -= 1
+        if len(found) > len(best):
+            best = found
+        if len(best) == most:
+            break
+    return best
+
+
+def is_mesh(topo: Topology) -> bool:
+    """GPUs of a node talk over direct links (no NVSwitch-like switch)."""
+    return not any(s.kind == "switch" for s in topo.switches)
+
+
+def find_rings(topo: Topology) -> list[Ring]:
+    """Rings through every GPU (see module docstring). Raises CompileError if none exists."""
+    n, nodes = topo.gpus_per_node, topo.nodes
+    if not is_mesh(topo) or n == 1:
+        # rank order; across nodes one ring per NIC, each leaving its node through another NIC
+        per_nic = len({nic.index for nic in topo.nics}) if nodes > 1 else 1
+        cycles = [tuple(range(n))] * max(1, per_nic)
+    else:
+        counts = {(l.src, l.dst): l.count for l in topo.links if l.src < n and l.dst < n}
+        cycles = hamiltonian_cycles(n, counts)
+        if not cycles:
+            raise CompileError(f"ring: {topo.name} has no cycle through all its GPUs over GPU-to-GPU links; "
+                               "the ring baseline needs a cycle through the GPUs (use --method direct or milp)")
+    if nodes == 1:
+        return [Ring(c) for c in cycles]
+    rings, exits = [], {}
+    for cycle in cycles:
+        # leave each node where the fewest rings so far leave, so rings spread over the NICs
+        cut = min(range(n), key=lambda i: (exits.get(_nic_id(topo, cycle[i - 1]), 0), i))
+        local = cycle[cut:] + cycle[:cut]
+        nic = _nic_id(topo, local[-1])
+        exits[nic] = exits.get(nic, 0) + 1
+        rings.append(Ring(tuple(node * n + r for node in range(nodes) for r in local)))
+    return rings
+
+
+def _nic_id(topo: Topology, gpu: int) -> int:
+    nic = topo.nic_of(gpu)
+    return -1 if nic is None else nic.index
+
+
+def _hop_path(topo: Topology, a: int, b: int) -> tuple[int, ...]:
+    if topo.has_link(a, b):
+        return (a, b)
+    if not topo.paths(a, b):
+        raise CompileError(f"ring: rank {a} cannot reach its ring successor {b} in one transfer on {topo.name}; "
+                           "use --method milp")
+    return topo.best_path(a, b)
+
+
+def ring_hops(demand: Demand, chunk: Chunk, ring: Ring) -> list[Hop]:
+    """The walk of one chunk along `ring`, in causal order."""
+    if not demand.reduce:
+        src = chunk.sources[0]
+        far = max((ring.distance(src, d) for d in chunk.dests if d not in chunk.sources), default=0)
+        return [(chunk.id, a, b, False) for a, b in ring.walk(src, far)]
+    owner = _owner(chunk)
+    up = max((ring.distance(s, owner) for s in chunk.sources if s != owner), default=0)
+    hops = [(chunk.id, a, b, True) for a, b in ring.walk(ring.step(owner, -up), up)]
+    down = max((ring.distance(owner, d) for d in chunk.dests if d != owner), default=0)
+    return hops + [(chunk.id, a, b, False) for a, b in ring.walk(owner, down)]
+
+
+@register("ring")
+def plan_ring(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    started = time.perf_counter()
+    rings = find_rings(topology)
+    walks = [ring_hops(demand, c, rings[_lane(demand, c) % len(rings)]) for c in demand.chunks]
+    te = expand(topology, demand, tau=options.tau)
+    ls = ListScheduler(topology, demand, te)
+    paths: dict[tuple[int, int], tuple[int, ...]] = {}
+    # step j moves hop j of every chunk, as NCCL's ring steps do
+    for step in range(max((len(w) for w in walks), default=0)):
+        for walk in walks:
+            if step < len(walk):
+                chunk, a, b, reduce = walk[step]
+                if (a, b) not in paths:
+                    paths[(a, b)] = _hop_path(topology, a, b)
+                ls.add(chunk, a, b, paths[(a, b)], reduce)
+    lanes = len({_lane(demand, c) for c in demand.chunks})
+    used = min(lanes, len(rings))
+    notes = [f"ring: {len(rings)} ring{'s' if len(rings) > 1 else ''} "
+             f"({'Hamiltonian cycles over GPU links' if is_mesh(topology) else 'rank order'}"
+             f"{', joined across nodes through the NICs' if topology.nodes > 1 else ''}), "
+             f"first {' '.join(map(str, rings[0].order))}"]
+    if used < len(rings):
+        notes.append(f"ring: {lanes} chunk{'s' if lanes > 1 else ''} per rank use{'s' if lanes == 1 else ''} "
+                     f"{used} of {len(rings)} rings; --chunks {len(rings)} would use them all")
+    return ls.schedule("ring", started, tuple(notes))
+
+
+# ---- direct ---------------------------------------------------------------------------------------
+
+
+def _direct_path(topo: Topology, src: int, dst: int) -> tuple[int, ...]:
+    if not topo.paths(src, dst):
+        raise CompileError(f"direct: rank {src} cannot reach rank {dst} in one transfer on {topo.name}; "
+                           "use --method ring or milp")
+    return topo.best_path(src, dst)
+
+
+def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
+    """Every need as one transfer, in rounds: rank s sends to (s + r) mod N in round r."""
+    n = demand.ngpus
+    first: list[tuple[int, int, int, Hop]] = []  # (round, lane, chunk, hop)
+    then: list[tuple[int, int, int, Hop]] = []
+    for c in demand.chunks:
+        lane = _lane(demand, c)
+        if not demand.reduce:
+            for d in c.dests:
+                if d in c.sources:
+                    continue
+                s = next((s for s in c.sources if topo.paths(s, d)), c.sources[0])
+                first.append(((d - s) % n, lane, c.id, (c.id, s, d, False)))
+            continue
+        owner = _owner(c)
+        for s in c.sources:
+            if s != owner:
+                first.append(((owner - s) % n, lane, c.id, (c.id, s, owner, True)))
+        for d in c.dests:
+            if d != owner:
+                then.append(((d - owner) % n, lane, c.id, (c.id, owner, d, False)))
+    return [h for *_, h in sorted(first)] + [h for *_, h in sorted(then)]
+
+
+@register("direct")
+def plan_direct(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    started = time.perf_counter()
+    hops = direct_hops(topology, demand)
+    paths = {(a, b): _direct_path(topology, a, b) for _, a, b, _ in hops}
+    ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
+    for chunk, a, b, reduce in hops:
+        ls.add(chunk, a, b, paths[(a, b)], reduce)
+    return ls.schedule("direct", started, ("direct: one transfer per need over the best path, in rotating rounds",))
