@@ -168,6 +168,121 @@ def cmd_bound(args) -> int:
     return 0
 
 
+# ---- collectives ----------------------------------------------------------------------------------
+
+
+class Progress:
+    """One-line progress reports on stderr, only when stderr is a terminal and after a few seconds."""
+
+    def __init__(self, enabled: bool):
+        import time
+        self.enabled = enabled
+        self.t0 = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        import time
+        elapsed = time.perf_counter() - self.t0
+        if self.enabled and elapsed >= 2.0:
+            print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def build_demand(args, topo: Topology):
+    from .collectives import load_custom_demand, make_demand
+    if args.collective == "custom":
+        if not args.demand:
+            raise ArgumentError("custom: --demand FILE is required")
+        return load_custom_demand(args.demand, topo.ngpus, args.size, args.chunks)
+    if args.demand:
+        raise ArgumentError(f"{args.collective}: --demand is only for the custom collective")
+    return make_demand(args.collective, topo.ngpus, args.size, args.chunks, args.root)
+
+
+def plan_options(args):
+    from .planners import PlanOptions
+    return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
+                       multicast=args.multicast, verbose=args.verbose,
+                       progress=Progress(sys.stderr.isatty() and not args.verbose))
+
+
+def cmd_collective(args) -> int:
+    from .planners import plan
+    from .simulate import simulate
+    topo = load_topology(args.hw, args.nodes)
+    demand = build_demand(args, topo)
+    schedule = plan(topo, demand, plan_options(args))
+    metrics = simulate(topo, schedule)
+    if args.schedule_out:
+        schedule.save(args.schedule_out)
+    out = {
+        "collective": demand.collective, "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
+        "size_bytes": demand.size_bytes, "chunks": demand.chunks_per_rank, "method": schedule.planner,
+        "requested_method": args.method, "status": schedule.status, "gap": schedule.gap,
+        "solve_time_s": schedule.solve_time, "epochs": schedule.epochs, "epoch_s": schedule.tau,
+        "transfer_time_s": metrics.finish_time_s, "algbw_GBps": metrics.algbw / 1e9,
+        "busbw_GBps": metrics.busbw / 1e9, "lower_bound_s": metrics.lower_bound_s,
+        "bound_ratio": metrics.bound_ratio, "output_buffer_bytes": metrics.output_buffer_bytes,
+        "scratch_bytes": metrics.scratch_bytes, "ntransfers": len(schedule.transfers),
+        "lp_value_s": schedule.lp_value, "notes": list(schedule.notes),
+        "schedule": args.schedule_out,
+    }
+    if args.json:
+        emit_json(out)
+        return 0
+    gap = f", gap {schedule.gap:.2%}" if schedule.gap is not None else ""
+    print(f"{demand.collective} on {topo.name} ({topo.ngpus} GPUs), {format_size(demand.size_bytes)}, "
+          f"{demand.chunks_per_rank} chunk{'s' if demand.chunks_per_rank > 1 else ''} per rank")
+    print(f"method {schedule.planner} ({schedule.status}{gap}), planned in {schedule.solve_time:.2f} s, "
+          f"{len(schedule.transfers)} transfers over {schedule.epochs} epochs of {format_time(schedule.tau)}")
+    if schedule.lp_value is not None:
+        print(f"LP value {format_time(schedule.lp_value)}; rounded schedule below")
+    print(f"time {format_time(metrics.finish_time_s)}: algbw {metrics.algbw / 1e9:.2f} GB/s, "
+          f"busbw {metrics.busbw / 1e9:.2f} GB/s")
+    print(f"lower bound {format_time(metrics.lower_bound_s)}: {metrics.bound_ratio:.3f} of the bound; "
+          f"output buffer {format_size(metrics.output_buffer_bytes)} per rank"
+          + (f", scratch {format_size(metrics.scratch_bytes)}" if metrics.scratch_bytes else ""))
+    for note in schedule.notes:
+        print(f"  {note}")
+    if args.schedule_out:
+        print(f"schedule written to {args.schedule_out}")
+    return 0
+
+
+def non_negative_float(field: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+        return value
+    return parse
+
+
+def add_collective(p, name: str) -> None:
+    from .planners import METHODS
+    add_hw(p)
+    p.add_argument("--size", type=size_arg, default=10**9,
+                   help="buffer size as nccl-tests counts it (allgather: whole output; alltoall: whole send buffer); "
+                        "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
+    p.add_argument("--chunks", type=positive_int("--chunks"), default=1, help="chunks per rank (default 1)")
+    p.add_argument("--root", type=int, default=None, help="root rank (broadcast, reduce, scatter, gather)")
+    p.add_argument("--method", choices=METHODS, default="auto")
+    p.add_argument("--time-limit", type=non_negative_float("--time-limit"), default=60.0, metavar="S",
+                   help="seconds for planning (default 60)")
+    p.add_argument("--gap", type=non_negative_float("--gap"), default=1e-4, metavar="G",
+                   help="relative MIP gap to stop at (default 1e-4)")
+    p.add_argument("--max-horizon", type=positive_int("--max-horizon"), default=None, metavar="K",
+                   help="cap on epochs (the horizon is otherwise found from the lower bound)")
+    p.add_argument("--multicast", action="store_true",
+                   help="let switches marked multicast copy (NVLS); such schedules are simulated, not lowered")
+    p.add_argument("--schedule-out", metavar="FILE", help="write the schedule as JSON")
+    p.add_argument("--demand", metavar="FILE", help="custom demand JSON (collective 'custom')")
+    p.add_argument("--verbose", action="store_true", help="forward the solver log to stderr")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_collective, collective=name)
+
+
 # ---- parser ---------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple] = {}  # name -> (configure(parser), run(args), help)
@@ -211,6 +326,13 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (configure, help_text) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))
+    aliases: dict[str, list[str]] = {}
+    for alias, name in _ALIASES.items():
+        if alias != name:
+            aliases.setdefault(name, []).append(alias)
+    for name in COLLECTIVES + ("custom",):
+        help_text = f"plan {name} and write it" if name != "custom" else "plan a custom demand (--demand FILE)"
+        add_collective(sub.add_parser(name, aliases=aliases.get(name, []), help=help_text, description=help_text), name)
     return parser
 
 
@@ -218,7 +340,7 @@ def _unknown_command(argv: list[str]) -> str | None:
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is None or first in COMMANDS:
         return None
-    if first.lower() in _ALIASES:
+    if first.lower() in _ALIASES or first == "custom":
         return None
     return (f"unknown command or collective {first!r} "
             f"(collectives: {', '.join(COLLECTIVES)}; commands: {', '.join(c for c in COMMANDS if c not in COLLECTIVES)})")
@@ -230,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = _unknown_command(argv)
         if unknown:
             raise ArgumentError(unknown)
+        for i, a in enumerate(argv):  # collective names are case-insensitive (Allgather, ReduceScatter)
+            if not a.startswith("-"):
+                if a not in COMMANDS and a.lower() in _ALIASES:
+                    argv[i] = _ALIASES[a.lower()]
+                break
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "run", None):

@@ -1,4 +1,8 @@
-"""Planners: plan(topology, demand, options) -> Schedule, one module each, chosen by name."""
+"""Planners: plan(topology, demand, options) -> Schedule, one module each, chosen by name.
+
+`plan` dispatches: reductions are planned natively by planners that know them (the baselines) and
+as the time reverse of their copy dual by the others; allreduce as reduce-scatter then allgather.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from .options import PlanOptions
 
 Planner = Callable[[Topology, Demand, PlanOptions], Schedule]
 PLANNERS: dict[str, Planner] = {}
+NATIVE_REDUCTIONS = {"ring", "direct"}  # planners that plan reduce transfers themselves
+METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct")
 
 
 def register(name: str):
@@ -21,16 +27,40 @@ def register(name: str):
     return wrap
 
 
+def _load() -> None:
+    # importing a planner module registers it
+    from . import baselines, milp  # noqa: F401
+    try:
+        from . import lp  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        from . import rounds  # noqa: F401
+    except ImportError:
+        pass
+
+
 def get(name: str) -> Planner:
     _load()
+    if name == "auto":
+        from .auto import plan as auto_plan
+        return auto_plan
     if name not in PLANNERS:
-        raise CompileError(f"--method: {name!r} is not a planner (known: {', '.join(sorted(PLANNERS))})")
+        raise CompileError(f"--method: {name!r} is not a planner (known: auto, {', '.join(sorted(PLANNERS))})")
     return PLANNERS[name]
 
 
-def _load() -> None:
-    # importing a planner module registers it
-    from . import baselines  # noqa: F401
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    """Plan `demand` with options.method, handling reductions for planners that only move copies."""
+    planner = get(options.method)
+    if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
+        return planner(topo, demand, options)
+    from .compose import allreduce_phases, concatenate, dual_demand, reverse_schedule
+    if any(len(c.dests) > 1 for c in demand.chunks):
+        rs, ag = allreduce_phases(demand)
+        return concatenate(plan(topo, rs, options), plan(topo, ag, options), demand)
+    dual = planner(topo.reversed(), dual_demand(demand), options)
+    return reverse_schedule(dual, demand, topo)
 
 
-__all__ = ["PlanOptions", "Planner", "PLANNERS", "register", "get"]
+__all__ = ["PlanOptions", "Planner", "PLANNERS", "METHODS", "register", "get", "plan"]

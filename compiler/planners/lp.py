@@ -1,0 +1,275 @@
+"""The LP planner for demands without copies (alltoall, scatter, gather): a fluid multi-commodity
+flow over the time-expanded network, one commodity per source (te-ccl-model.md §6), then a
+rounding pass that makes it executable.
+
+The LP's own epochs may be coarser than a chunk time (flows are fluid; capacity per epoch is
+fractional), which keeps it small at cluster scale. Its value (the fewest epochs in which the
+fluid flow meets the demand, times the epoch) is reported beside the rounded schedule's. Rounding:
+the flow of each source is decomposed into routes to its destinations, each chunk is cut into m
+sub-chunks, sub-chunks are given to routes by largest remainder, and the hops are list-scheduled
+in epochs under the link capacities (so the result meets every demand exactly, and the simulator
+judges its time).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import cvxpy as cp
+import numpy as np
+import scipy.sparse as sp
+
+from ..bounds import bound_for
+from ..collectives import Demand
+from ..errors import CompileError, InfeasibleError
+from ..schedule import Schedule
+from ..timing import TimeExpansion, delay_epochs, epochs_for, expand
+from ..topology import Topology
+from . import register
+from .options import PlanOptions
+from .solver import solve
+from .timexp import Flows, link_ends, rows_matrix, useful_flows
+
+LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
+SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
+FLOW_PENALTY = 1e-4
+TOL = 1e-7
+
+
+def commodity_masks(demand: Demand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sources, src mask (S, N), amount (S, N) of chunks each source owes each rank)."""
+    for c in demand.chunks:
+        if len(c.sources) != 1 or len(c.dests) != 1:
+            raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use --method milp or ring "
+                               "(the LP plans demands without copies: alltoall, scatter, gather)")
+    sources = np.array(sorted({c.sources[0] for c in demand.chunks}))
+    row = {s: i for i, s in enumerate(sources)}
+    amount = np.zeros((len(sources), demand.ngpus))
+    for c in demand.chunks:
+        if c.dests[0] != c.sources[0]:
+            amount[row[c.sources[0]], c.dests[0]] += 1.0
+    src = np.zeros((len(sources), demand.ngpus), dtype=bool)
+    src[np.arange(len(sources)), sources] = True
+    return sources, src, amount
+
+
+class FluidModel:
+    """The LP at one horizon. Variables f (flows, chunk units), H (held at start of epoch)."""
+
+    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion, horizon: int):
+        self.sources, src, amount = commodity_masks(demand)
+        self.amount = amount
+        S, N, K = len(self.sources), topo.ngpus, horizon
+        self.flows = flows = useful_flows(topo, src, amount > 0, te, horizon)
+        nf = len(flows)
+        if nf == 0:
+            raise InfeasibleError(f"lp: no route delivers the demand within {horizon} epochs")
+        l_src, l_dst = link_ends(topo)
+        is_gpu = np.arange(topo.nvertices) < N
+        arrival = np.array(te.arrival)
+        rate = np.array([l.capacity * te.tau / demand.chunk_bytes for l in topo.links])
+        self.h_pos = np.arange(S * N * (K + 1)).reshape(S, N, K + 1)
+        nh = S * N * (K + 1)
+        self.f = f = cp.Variable(nf, name="f", nonneg=True)
+        self.H = H = cp.Variable(nh, name="H", nonneg=True)
+        cons = []
+        # held(k+1) = held(k) - sent(k) + arrived(k+1), at every GPU; the source starts with all
+        s, g, k = np.meshgrid(np.arange(S), np.arange(N), np.arange(K), indexing="ij")
+        s, g, k = s.ravel(), g.ravel(), k.ravel()
+        rows = np.arange(len(s))
+        eq_h = sp.csr_matrix((np.concatenate([np.ones(len(s)), -np.ones(len(s))]),
+                              (np.concatenate([rows, rows]), np.concatenate([self.h_pos[s, g, k + 1], self.h_pos[s, g, k]]))),
+                             shape=(len(s), nh))
+        row_of = lambda s_, g_, k_: (s_ * N + g_) * K + k_
+        out_gpu = is_gpu[l_src[flows.l]]
+        into_gpu = is_gpu[l_dst[flows.l]]
+        land = flows.k + arrival[flows.l]
+        o = np.nonzero(out_gpu)[0]
+        i = np.nonzero(into_gpu & (land >= 1) & (land <= K))[0]
+        eq_f = sp.csr_matrix((np.concatenate([np.ones(len(o)), -np.ones(len(i))]),
+                              (np.concatenate([row_of(flows.q[o], l_src[flows.l[o]], flows.k[o]),
+                                               row_of(flows.q[i], l_dst[flows.l[i]], land[i] - 1)]),
+                               np.concatenate([o, i]))), shape=(len(s), nf))
+        cons.append(eq_h @ H + eq_f @ f == 0)
+        start = self.h_pos[:, :, 0].ravel()
+        init_val = np.zeros((S, N))
+        init_val[np.arange(S), self.sources] = amount.sum(axis=1)
+        cons.append(H[start] == init_val.ravel())
+        # switches forward in the same epoch what enters them
+        so = np.nonzero(~out_gpu)[0]
+        si = np.nonzero(~into_gpu)[0]
+        keys = np.concatenate([(flows.q[so] * topo.nvertices + l_src[flows.l[so]]) * (K + 1) + flows.k[so],
+                               (flows.q[si] * topo.nvertices + l_dst[flows.l[si]]) * (K + 1) + flows.k[si]])
+        if len(keys):
+            m, _ = rows_matrix(keys, np.concatenate([so, si]), np.concatenate([np.ones(len(so)), -np.ones(len(si))]), nf)
+            cons.append(m @ f == 0)
+        # link capacity per epoch (fluid)
+        m, lk = rows_matrix(flows.l.astype(np.int64) * (K + 1) + flows.k, np.arange(nf), np.ones(nf), nf)
+        cons.append(m @ f <= rate[lk // (K + 1)])
+        # every destination holds what it is owed by the horizon
+        ds, dd = np.nonzero(amount > 0)
+        cons.append(H[self.h_pos[ds, dd, K]] >= amount[ds, dd])
+        # reward early delivery: D(s,d,k) <= min(H(s,d,k), amount)
+        D = cp.Variable((len(ds), K), name="D", nonneg=True)
+        cols = self.h_pos[ds, dd, 1:]
+        cons.append(D <= amount[ds, dd][:, None])
+        cons.append(D <= cp.reshape(H[cols.ravel()], (len(ds), K), order="C"))
+        self.problem = cp.Problem(cp.Minimize(-cp.sum(D) / max(1.0, amount.sum()) + FLOW_PENALTY * cp.sum(f)), cons)
+        self.horizon = K
+
+    def solve(self, time_limit: float, verbose: bool):
+        return solve(self.problem, time_limit=time_limit, verbose=verbose, ipm=True)
+
+
+def fluid_expansion(topo: Topology, demand: Demand, bound_s: float, tau: float | None = None) -> TimeExpansion:
+    """Epochs for the fluid LP: data streams, so a link delivers what it carries one epoch later
+    (plus alpha); the epoch is a fraction of the bound, independent of the chunk size."""
+    tau = tau or bound_s / LP_EPOCHS
+    arrival = [0] * len(topo.links)
+    for s in range(topo.ngpus):
+        for d in topo.neighbours(s):
+            for p in topo.paths(s, d):
+                last = topo.link_id(p[-2], p[-1])
+                arrival[last] = max(arrival[last], 1 + delay_epochs(topo.path_alpha(p), tau))
+    ones = (1,) * len(topo.links)
+    return TimeExpansion(tau, demand.chunk_bytes, ones, ones, tuple(arrival), 0, "fluid LP epochs")
+
+
+def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]:
+    """Decompose each source's flow (summed over time) into routes to its destinations:
+    {(source, dest): [(vertex path, chunks, mean LP epoch of its first hop)]}; a route may relay
+    through GPUs."""
+    f = model.flows
+    val = np.asarray(model.f.value)
+    out: dict[tuple[int, int], list] = {}
+    for qi, s in enumerate(model.sources):
+        sel = (f.q == qi) & (val > TOL)
+        flow: dict[int, float] = {}
+        when: dict[int, float] = {}
+        for l, k, v in zip(f.l[sel], f.k[sel], val[sel]):
+            flow[int(l)] = flow.get(int(l), 0.0) + float(v)
+            when[int(l)] = when.get(int(l), 0.0) + float(v) * float(k)
+        start = {l: when[l] / flow[l] for l in flow}
+        need = {int(d): float(a) for d, a in enumerate(model.amount[qi]) if a > 0}
+        out_links: dict[int, list[int]] = {}
+        for l in sorted(flow):
+            out_links.setdefault(topo.links[l].src, []).append(l)
+        while any(a > TOL for a in need.values()):
+            path, links = _walk(topo, int(s), flow, out_links, need)
+            if path is None:
+                break
+            v = min([flow[l] for l in links] + [need[path[-1]]])
+            for l in links:
+                flow[l] -= v
+            need[path[-1]] -= v
+            out.setdefault((int(s), path[-1]), []).append((path, v, start[links[0]]))
+        for d, a in need.items():  # what the LP left undecomposed goes the best direct way
+            if a > 1e-6:
+                out.setdefault((int(s), d), []).append((_fallback(topo, int(s), d), a, float(model.horizon)))
+    return out
+
+
+def _walk(topo, s, flow, out_links, need):
+    """A path from s to a destination that still needs data, following positive flow (DFS)."""
+    stack = [(s, (s,), ())]
+    seen = {s}
+    while stack:
+        v, path, links = stack.pop()
+        if v != s and topo.is_gpu(v) and need.get(v, 0.0) > TOL:
+            return path, links
+        for l in reversed(out_links.get(v, [])):
+            w = topo.links[l].dst
+            if flow[l] > TOL and w not in seen:
+                seen.add(w)
+                stack.append((w, path + (w,), links + (l,)))
+    return None, None
+
+
+def _fallback(topo: Topology, s: int, d: int) -> tuple[int, ...]:
+    import networkx as nx
+    g = topo.to_networkx()
+    return tuple(nx.shortest_path(g, s, d))
+
+
+def split_hops(topo: Topology, path: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """A route through relay GPUs as its GPU-to-GPU transfers."""
+    hops, cur = [], [path[0]]
+    for v in path[1:]:
+        cur.append(v)
+        if topo.is_gpu(v):
+            hops.append(tuple(cur))
+            cur = [v]
+    return hops
+
+
+def largest_remainder(volumes: list[float], total: int) -> list[int]:
+    raw = [v / sum(volumes) * total for v in volumes]
+    base = [math.floor(x) for x in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - base[i]), i))
+    for i in order[: total - sum(base)]:
+        base[i] += 1
+    return base
+
+
+def round_schedule(topo: Topology, demand: Demand, route_map, parts: int, started: float, notes) -> Schedule:
+    from .baselines import _ListScheduler as ListScheduler
+    fine = demand.split(parts)
+    by_pair: dict[tuple[int, int], list[int]] = {}
+    for c in fine.chunks:
+        if c.sources[0] != c.dests[0]:
+            by_pair.setdefault((c.sources[0], c.dests[0]), []).append(c.id)
+    jobs = []  # (order key, chunk, hops): in the LP's order, sub-chunks of one route spread over its epochs
+    n = demand.ngpus
+    for (s, d), ids in sorted(by_pair.items()):
+        options = route_map.get((s, d)) or [(_fallback(topo, s, d), 1.0, 0.0)]
+        counts = largest_remainder([v for _, v, _ in options], len(ids))
+        it = iter(ids)
+        for (path, _, when), count in zip(options, counts):
+            for j in range(count):
+                jobs.append(((when, j, (d - s) % n, s), next(it), split_hops(topo, path)))
+    jobs.sort(key=lambda j: j[0])
+    sched = ListScheduler(topo, fine, expand(topo, fine))
+    for _, chunk, hops in jobs:
+        for hop in hops:
+            sched.add(chunk, hop[0], hop[-1], hop)
+    return sched.schedule("lp", started, notes)
+
+
+@register("lp")
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    t0 = time.perf_counter()
+    commodity_masks(demand)  # refuses demands with copies early
+    bound = bound_for(topo, demand)
+    te = fluid_expansion(topo, demand, bound.time_s, options.tau)
+    k = max(1, epochs_for(bound.bandwidth_s, te.tau))
+    cap = options.max_horizon
+    tried = []
+    model = None
+    while True:
+        left = options.time_limit - (time.perf_counter() - t0)
+        if left <= 0.5:
+            raise InfeasibleError(f"lp: no feasible horizon found within --time-limit {options.time_limit:g} s "
+                                  f"(tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us)")
+        m = FluidModel(topo, demand, te, k)
+        res = m.solve(left * 0.6, options.verbose)
+        tried.append(str(k))
+        if options.progress:
+            options.progress(f"lp horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
+        if res.has_solution:
+            model = m
+            break
+        if cap is not None and k >= cap:
+            raise InfeasibleError(f"lp: infeasible within --max-horizon {cap} epochs")
+        k = k + max(1, k // 8)
+        if cap is not None:
+            k = min(k, cap)
+    lp_value = model.horizon * te.tau
+    route_map = routes(model, topo)
+    parts = SUBCHUNKS if demand.chunks_per_rank * SUBCHUNKS <= 64 else 1
+    notes = (f"LP: {model.horizon} epochs of {te.tau * 1e6:.4g} us = {lp_value * 1e3:.4g} ms (fluid), "
+             f"{len(model.flows)} flow variables; horizons tried {', '.join(tried)}",
+             f"rounded to {parts} sub-chunks per chunk and list-scheduled")
+    schedule = round_schedule(topo, demand, route_map, parts, t0, notes)
+    return replace(schedule, lp_value=lp_value, status="rounded", solve_time=time.perf_counter() - t0)

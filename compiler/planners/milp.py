@@ -1,0 +1,403 @@
+"""The exact planner: a time-expanded multi-commodity flow MILP with binary chunk flows
+(te-ccl-model.md §3 in linear form, with the fixes of §8: alpha once per transfer, no switch copy
+unless the profile marks the switch multicast and the user asks for it, all rounds kept).
+
+The horizon starts at the lower bound and grows (doubling, then bisection) only while the model is
+infeasible; the best baseline schedule caps it and warm-starts the solver.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import cvxpy as cp
+import numpy as np
+import scipy.sparse as sp
+
+from ..bounds import bound_for
+from ..collectives import Demand
+from ..errors import InfeasibleError
+from ..schedule import Schedule, Transfer
+from ..timing import TimeExpansion, epochs_for, expand
+from ..topology import Topology
+from . import register
+from .options import PlanOptions
+from .solver import SolveResult, solve
+from .timexp import Flows, link_ends, rows_matrix, useful_flows
+
+FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
+
+
+@dataclass
+class Model:
+    """One MILP instance at a fixed horizon: its variables, index arrays and the CVXPY problem."""
+    flows: Flows
+    horizon: int
+    F: cp.Variable
+    B: cp.Variable
+    b_pos: np.ndarray  # (Q, N, K + 1) -> column of B, -1 where B is a constant
+    held0: np.ndarray  # (Q, N) bool: sources
+    problem: cp.Problem
+
+
+def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multicast: bool,
+          relax: bool = False) -> Model:
+    src, dst = demand.masks()
+    flows = useful_flows(topo, src, dst, te, horizon)
+    Q, N, K = len(demand.chunks), topo.ngpus, horizon
+    l_src, l_dst = link_ends(topo)
+    arrival = np.array(te.arrival)
+    is_gpu = np.arange(topo.nvertices) < N
+
+    # B(q, g, k) for non-source GPUs and k = 1..K
+    b_pos = np.full((Q, N, K + 1), -1, dtype=np.int64)
+    qq, gg = np.nonzero(~src)
+    nb = len(qq) * K
+    b_pos[np.repeat(qq, K), np.repeat(gg, K), np.tile(np.arange(1, K + 1), len(qq))] = np.arange(nb)
+    nf = len(flows)
+    if nf == 0:
+        raise InfeasibleError(f"milp: no route can deliver the demand within {horizon} epochs")
+    F = cp.Variable(nf, name="F", bounds=[0, 1]) if relax else cp.Variable(nf, name="F", boolean=True)
+    B = cp.Variable(nb, name="B", bounds=[0, 1]) if nb else None
+    cons = []
+    cons += buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B)
+    cons += send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B)
+    cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
+    cons += link_capacity_over_window(flows, te, K, F)
+    cons += every_destination_holds_by_horizon(demand, b_pos, K, B)
+    objective = cp.Minimize(-early_delivery(demand, b_pos, K, nb, B) + FLOW_PENALTY * cp.sum(F))
+    return Model(flows, K, F, B, b_pos, src, cp.Problem(objective, cons))
+
+
+# ---- constraint families: one function per equation ----------------------------------------------
+
+
+def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B):
+    """B(q,g,k) = B(q,g,k-1) + sum over links l into g of F(q, l, k - arrival[l])."""
+    if B is None:
+        return []
+    q, g, k = np.nonzero(b_pos >= 0)
+    rows = b_pos[q, g, k]
+    prev = b_pos[q, g, k - 1]
+    has_prev = prev >= 0
+    into = is_gpu[l_dst[flows.l]]
+    land = flows.k + arrival[flows.l]
+    fq, fg, fk = flows.q[into], l_dst[flows.l][into], land[into]
+    f_rows = b_pos[fq, fg, fk]
+    f_cols = np.nonzero(into)[0]
+    ok = f_rows >= 0  # arrivals at a source never happen (pruned); guard anyway
+    mb = sp.csr_matrix((np.concatenate([np.ones(len(rows)), -np.ones(has_prev.sum())]),
+                        (np.concatenate([rows, rows[has_prev]]), np.concatenate([rows, prev[has_prev]]))),
+                       shape=(nb, nb))
+    mf = sp.csr_matrix((-np.ones(ok.sum()), (f_rows[ok], f_cols[ok])), shape=(nb, nf))
+    return [mb @ B + mf @ F == 0]
+
+
+def send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B):
+    """F(q,l,k) <= B(q,g,k) for a link l out of GPU g that is not a source of q (copies are free)."""
+    u = l_src[flows.l]
+    sel = is_gpu[u]
+    sel[sel] &= ~src[flows.q[sel], u[sel]]
+    idx = np.nonzero(sel)[0]
+    if len(idx) == 0:
+        return []
+    cols = b_pos[flows.q[idx], u[idx], flows.k[idx]]
+    if np.any(cols < 0):  # sending in epoch 0 from a non-source: impossible
+        bad = idx[cols < 0]
+        return [F[bad] == 0] + send_rows(idx[cols >= 0], cols[cols >= 0], F, B)
+    return send_rows(idx, cols, F, B)
+
+
+def send_rows(idx, cols, F, B):
+    n = len(idx)
+    if n == 0:
+        return []
+    sel = sp.csr_matrix((np.ones(n), (np.arange(n), idx)), shape=(n, F.size))
+    held = sp.csr_matrix((np.ones(n), (np.arange(n), cols)), shape=(n, B.size))
+    return [sel @ F <= held @ B]
+
+
+def switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F):
+    """Cut-through switches: what leaves a switch in epoch k entered it in epoch k.
+    Without copy: sum out = sum in. A multicast switch may copy: each out <= sum in."""
+    nv = topo.nvertices
+    nf = len(flows)
+    copy = np.array([False] * topo.ngpus + [multicast and s.multicast for s in topo.switches])
+    out_sw = ~is_gpu[l_src[flows.l]]
+    in_sw = ~is_gpu[l_dst[flows.l]]
+    cons = []
+    key = lambda q, w, k: (q.astype(np.int64) * nv + w) * (flows.k.max() + 2) + k
+    plain_out = out_sw & ~copy[l_src[flows.l]]
+    plain_in = in_sw & ~copy[l_dst[flows.l]]
+    if plain_out.any() or plain_in.any():
+        o, i = np.nonzero(plain_out)[0], np.nonzero(plain_in)[0]
+        rows = np.concatenate([key(flows.q[o], l_src[flows.l[o]], flows.k[o]), key(flows.q[i], l_dst[flows.l[i]], flows.k[i])])
+        vals = np.concatenate([np.ones(len(o)), -np.ones(len(i))])
+        m, _ = rows_matrix(rows, np.concatenate([o, i]), vals, nf)
+        cons.append(m @ F == 0)
+    if multicast and copy.any():
+        o = np.nonzero(out_sw & copy[l_src[flows.l]])[0]
+        i = np.nonzero(in_sw & copy[l_dst[flows.l]])[0]
+        if len(o):
+            okey = key(flows.q[o], l_src[flows.l[o]], flows.k[o])
+            ikey = key(flows.q[i], l_dst[flows.l[i]], flows.k[i])
+            order = np.argsort(ikey, kind="stable")
+            ikey_sorted, i_sorted = ikey[order], i[order]
+            lo = np.searchsorted(ikey_sorted, okey, "left")
+            hi = np.searchsorted(ikey_sorted, okey, "right")
+            r_out = np.arange(len(o))
+            r_in = np.repeat(r_out, hi - lo)
+            c_in = i_sorted[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])] if len(o) else np.array([], int)
+            m = sp.csr_matrix((np.concatenate([np.ones(len(o)), -np.ones(len(r_in))]),
+                               (np.concatenate([r_out, r_in]), np.concatenate([o, c_in]))), shape=(len(o), nf))
+            cons.append(m @ F <= 0)
+    return cons
+
+
+def link_capacity_over_window(flows, te: TimeExpansion, horizon, F):
+    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l]."""
+    window = np.array(te.window)[flows.l]
+    cap = np.array(te.capacity)
+    idx = np.repeat(np.arange(len(flows)), window)
+    offs = np.arange(window.sum()) - np.repeat(np.cumsum(window) - window, window)
+    epoch = flows.k[idx] + offs
+    keep = epoch < horizon
+    idx, epoch = idx[keep], epoch[keep]
+    rows = flows.l[idx].astype(np.int64) * (horizon + 1) + epoch
+    m, keys = rows_matrix(rows, idx, np.ones(len(idx)), len(flows))
+    limit = cap[keys // (horizon + 1)].astype(float)
+    busy = np.asarray(m.sum(axis=1)).ravel()
+    tight = busy > limit  # rows that can never be exceeded are left out
+    if not tight.any():
+        return []
+    return [m[tight] @ F <= limit[tight]]
+
+
+def every_destination_holds_by_horizon(demand: Demand, b_pos, horizon, B):
+    src, dst = demand.masks()
+    q, g = np.nonzero(dst & ~src)
+    cols = b_pos[q, g, horizon]
+    return [B[cols] == 1] if len(cols) else []
+
+
+def early_delivery(demand: Demand, b_pos, horizon, nb, B):
+    """Sum over needed (chunk, rank) of the epochs it is held: minimising its negative makes
+    every delivery as early as possible (the sum of arrival epochs, te-ccl-model.md §3.3)."""
+    src, dst = demand.masks()
+    q, g = np.nonzero(dst & ~src)
+    cols = b_pos[q, g, 1:].ravel()
+    w = np.zeros(nb)
+    w[cols[cols >= 0]] = 1.0
+    return w @ B
+
+
+# ---- warm start and extraction ------------------------------------------------------------------
+
+
+def warm_values(model: Model, topo: Topology, schedule: Schedule, te: TimeExpansion) -> dict | None:
+    """F and B of a schedule planned on the same time expansion, or None if it does not fit."""
+    f = model.flows
+    key = (f.q.astype(np.int64) * len(topo.links) + f.l) * (model.horizon + 1) + f.k
+    order = np.argsort(key)
+    fval = np.zeros(len(f))
+    bval = np.zeros(model.B.size if model.B is not None else 0)
+    for t in schedule.transfers:
+        if t.arrive > model.horizon or t.reduce or t.group >= 0:
+            return None
+        for l in topo.path_links(t.path):
+            k = (t.chunk * len(topo.links) + l) * (model.horizon + 1) + t.start
+            pos = np.searchsorted(key, k, sorter=order)
+            if pos >= len(key) or key[order[pos]] != k:
+                return None
+            fval[order[pos]] = 1.0
+        cols = model.b_pos[t.chunk, t.dst, t.arrive:]
+        bval[cols[cols >= 0]] = 1.0
+    return {model.F: fval, model.B: bval} if model.B is not None else {model.F: fval}
+
+
+def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
+    """Follow each flow out of a GPU through the switches it enters in the same epoch."""
+    f = model.flows
+    on = np.nonzero(np.asarray(model.F.value) > 0.5)[0]
+    l_src, l_dst = link_ends(topo)
+    n = topo.ngpus
+    pool: dict[tuple[int, int, int], list[int]] = {}
+    starts = []
+    for i in on:
+        l = int(f.l[i])
+        if l_src[l] < n:
+            starts.append(i)
+        else:
+            pool.setdefault((int(f.q[i]), int(l_src[l]), int(f.k[i])), []).append(l)
+    for v in pool.values():
+        v.sort(reverse=True)
+    copy = {topo.ngpus + j for j, s in enumerate(topo.switches) if s.multicast}
+    transfers = []
+    group = 0
+    for i in sorted(starts, key=lambda i: (int(f.k[i]), int(f.q[i]), int(f.l[i]))):
+        q, k, l = int(f.q[i]), int(f.k[i]), int(f.l[i])
+        routes = _routes(topo, pool, copy, q, k, (int(l_src[l]), int(l_dst[l])))
+        g = group if len(routes) > 1 else -1
+        group += len(routes) > 1
+        for path in routes:
+            transfers.append(Transfer(q, path[0], path[-1], path, k, k + te.path_arrival(topo, path), False, g))
+    return transfers
+
+
+def _routes(topo, pool, copy, q, k, path):
+    v = path[-1]
+    if v < topo.ngpus:
+        return [path]
+    outs = pool.get((q, v, k), [])
+    if not outs:
+        return []  # dropped at a switch (cannot happen with conservation equalities)
+    take = list(outs) if v in copy else [outs.pop()]
+    if v in copy:
+        outs.clear()
+    result = []
+    for l in take:
+        result += _routes(topo, pool, copy, q, k, path + (topo.links[l].dst,))
+    return result
+
+
+def prune_useless(transfers: list[Transfer], demand: Demand) -> list[Transfer]:
+    """Drop deliveries to ranks that neither need the chunk nor forward it."""
+    needed = {(c.id, d) for c in demand.chunks for d in c.dests}
+    while True:
+        senders = {(t.chunk, t.src) for t in transfers}
+        keep = [t for t in transfers if (t.chunk, t.dst) in needed or (t.chunk, t.dst) in senders]
+        if len(keep) == len(transfers):
+            return keep
+        transfers = keep
+
+
+# ---- the planner ---------------------------------------------------------------------------------
+
+
+def _baseline(topo, demand, options) -> Schedule | None:
+    from . import PLANNERS, _load
+    try:
+        _load()
+    except ImportError:
+        return None
+    best = None
+    for name in ("direct", "ring"):
+        try:
+            s = PLANNERS[name](topo, demand, options)
+        except Exception:  # a baseline that does not apply here is simply not a warm start
+            continue
+        if best is None or s.epochs < best.epochs:
+            best = s
+    return best
+
+
+def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | None, multicast: bool,
+                   budget: float, report) -> tuple[int, str, dict | None]:
+    """Smallest horizon the MILP finds feasible: doubling from the lower bound, then bisection.
+    Returns (horizon, how it was chosen, solution values of the last feasible probe)."""
+    t0 = time.perf_counter()
+    infeasible, feasible, values = lower - 1, None, None
+    k = lower
+    probes = []
+    while True:
+        if cap is not None and k > cap:
+            k = cap
+        if upper is not None and k >= upper:
+            feasible = upper
+            break
+        left = budget - (time.perf_counter() - t0)
+        if left <= 0.5:
+            break
+        model = build(topo, demand, te, k, multicast)
+        res = solve(model.problem, time_limit=left, first_feasible=True, label=f"horizon {k}: ", progress=report)
+        probes.append(f"{k}:{'ok' if res.has_solution else res.status}")
+        if report:
+            report(f"horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
+        if res.has_solution:
+            feasible, values = k, {model.F: model.F.value, model.B: model.B.value} if model.B is not None else None
+            break
+        infeasible = k
+        if cap is not None and k >= cap:
+            break
+        k = 2 * k
+    if feasible is None:
+        if upper is not None:
+            return upper, f"baseline's {upper} epochs (probes: {', '.join(probes)})", None
+        raise InfeasibleError(
+            f"milp: no schedule found within {cap or k} epochs ({', '.join(probes) or 'no probe finished'}); "
+            "raise --max-horizon or --time-limit")
+    # narrowing
+    while feasible - infeasible > 1 and budget - (time.perf_counter() - t0) > 0.5:
+        mid = (feasible + infeasible) // 2
+        model = build(topo, demand, te, mid, multicast)
+        res = solve(model.problem, time_limit=budget - (time.perf_counter() - t0), first_feasible=True,
+                    label=f"horizon {mid}: ", progress=report)
+        probes.append(f"{mid}:{'ok' if res.has_solution else res.status}")
+        if res.has_solution:
+            feasible, values = mid, None
+        else:
+            infeasible = mid
+    return feasible, f"from the lower bound {lower} epochs (probes: {', '.join(probes)})", values
+
+
+@register("milp")
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    t0 = time.perf_counter()
+    report = options.progress
+    te = expand(topo, demand, options.tau)
+    bound = bound_for(topo, demand)
+    table_lower = _latency_epochs(topo, demand, te)
+    lower = max(1, epochs_for(bound.bandwidth_s, te.tau), table_lower)
+    base = _baseline(topo, demand, options) if options.warm_start else None
+    upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
+    cap = options.max_horizon
+    if cap is not None and lower > cap:
+        raise InfeasibleError(f"--max-horizon: {cap} epochs is below the lower bound of {lower} epochs "
+                              f"(epoch {te.tau * 1e6:.4g} us)")
+    budget = options.time_limit
+    horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, cap, options.multicast,
+                                        budget * 0.4, report)
+    te = te.with_horizon(horizon, reason)
+    model = build(topo, demand, te, horizon, options.multicast)
+    warm = warm_values(model, topo, base, te) if base is not None and horizon >= base.epochs else None
+    left = max(1.0, budget - (time.perf_counter() - t0))
+    if report:
+        report(f"solving at horizon {horizon} epochs ({len(model.flows)} flow variables, "
+               f"{'warm start from ' + base.planner if warm else 'cold start'})")
+    res = solve(model.problem, time_limit=left, gap=options.gap, warm=warm, verbose=options.verbose,
+                progress=report, label=f"horizon {horizon}: ")
+    if not res.has_solution:
+        if base is not None and horizon >= base.epochs:
+            return base.with_notes(f"milp found no solution in {options.time_limit:g} s; kept the {base.planner} baseline")
+        raise InfeasibleError(f"milp: no solution at horizon {horizon} within the time limit ({res.status}); "
+                              "raise --time-limit")
+    transfers = prune_useless(extract(model, topo, te), demand)
+    status = _status(res)
+    schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", status, res.gap,
+                        time.perf_counter() - t0,
+                        notes=(f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
+                               f"{len(model.flows)} flow variables"
+                               + (f", warm start from {base.planner}" if warm else "")))
+    return schedule.sorted()
+
+
+def _status(res: SolveResult) -> str:
+    if res.status == "optimal":
+        return "optimal"
+    if res.status in ("time_limit", "interrupted"):
+        return "time_limit"
+    return "feasible"
+
+
+def _latency_epochs(topo: Topology, demand: Demand, te: TimeExpansion) -> int:
+    """Fewest epochs for the farthest needed delivery (the latency bound in epochs)."""
+    from .timexp import gpu_distances, path_table
+    dist = gpu_distances(topo, path_table(topo, te))
+    src, dst = demand.masks()
+    need = dst & ~src
+    worst = 0
+    for q in range(len(demand.chunks)):
+        for d in np.nonzero(need[q])[0]:
+            worst = max(worst, int(dist[src[q], d].min()))
+    return worst
