@@ -1,0 +1,436 @@
+"""Symbolic execution of a Program and its postcondition (the dynamic half of compiler/verify.py).
+
+Every thread block runs its steps in order. A step with cnt = c is c one-chunk sub-transfers (the
+worst case of msccl-xml.md §5/§7.5). A connection (rank A -> B, channel c) is a FIFO holding at most
+SLOTS[proto] messages: a send needs a free slot, a receive a message, rcs/rrs/rrcs both. A step
+with a dependency waits until its target tb has published a step index >= deps; a tb publishes
+after each step with hasdep=1 (nops never publish). The system is deterministic and monotone, so
+running thread blocks from a work list until nothing can move decides deadlock for every
+interleaving; whatever is still unfinished then is deadlocked.
+
+Happens-before for the race check uses vector clocks: program order, dependency edges (the waiter
+joins the target's clock as published) and message edges (the receiver joins the sender's clock as
+sent). Two accesses to one chunk on one rank by different tbs, at least one a write, that are not
+ordered that way are a race.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .collectives import Chunk, Demand, make_demand
+from .program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
+from .verify import Finding, connections, expected_chunks, finding
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+class Encoding:
+    """A symbolic chunk value is an int: bit (rank * width + index) set per contribution of input
+    chunk i[index] of `rank`. Copies carry one bit; a reduction ORs them (after checking they are
+    disjoint). 0 is data derived from an undefined read; None is memory never written."""
+
+    def __init__(self, width: int):
+        self.width = max(width, 1)
+
+    def bit(self, rank: int, index: int) -> int:
+        return 1 << (rank * self.width + index)
+
+    def contributions(self, v: int) -> list[tuple[int, int]]:
+        out = []
+        while v:
+            low = v & -v
+            b = low.bit_length() - 1
+            out.append(divmod(b, self.width))
+            v ^= low
+        return out
+
+    def describe(self, v: int | None) -> str:
+        if v is None:
+            return "nothing (never written)"
+        if v == 0:
+            return "undefined data"
+        cs = self.contributions(v)
+        if len(cs) == 1:
+            return f"rank {cs[0][0]}'s i[{cs[0][1]}]"
+        idx = {j for _, j in cs}
+        if len(idx) == 1:
+            return f"the sum of i[{idx.pop()}] over {_ranks([r for r, _ in cs])}"
+        return "the sum of " + " + ".join(f"rank {r}'s i[{j}]" for r, j in cs)
+
+
+class _Conn:
+    __slots__ = ("id", "key", "q", "cap", "sender", "receiver")
+
+    def __init__(self, cid, key, cap, sender, receiver):
+        self.id, self.key, self.cap, self.sender, self.receiver = cid, key, cap, sender, receiver
+        self.q = deque()  # (value, clock snapshot)
+
+
+class _Tb:
+    __slots__ = ("g", "rank", "tb", "steps", "out", "inc", "pc", "sub", "waited", "t", "vc", "pub", "pub_snap",
+                 "blocked")
+
+    def __init__(self, g, rank, tb: ThreadBlock, ntbs):
+        self.g, self.rank, self.tb, self.steps = g, rank, tb, tb.steps
+        self.out = self.inc = None
+        self.pc = self.sub = 0
+        self.waited = False  # the current step's dependency is satisfied
+        self.t = 0  # own clock component: one tick per step or sub-transfer
+        self.vc = (0,) * ntbs  # what this tb knows of the others' clocks (own entry unused)
+        self.pub = -1  # last published step index
+        self.pub_snap = None
+        self.blocked = None  # wake key while blocked
+
+
+class Machine:
+    def __init__(self, p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding):
+        self.p, self.addrs, self.enc = p, addrs, enc
+        self.tbs: list[_Tb] = []
+        self.gidx = {}
+        ntbs = sum(len(g.tbs) for g in p.gpus)
+        for g in p.gpus:
+            for tb in g.tbs:
+                self.gidx[(g.rank, tb.id)] = len(self.tbs)
+                self.tbs.append(_Tb(len(self.tbs), g.rank, tb, ntbs))
+        self.conns = []
+        cap = SLOTS[p.proto]
+        for (a, b, c), (stb, rtb) in sorted(conns.items()):
+            s, r = self.tbs[self.gidx[(a, stb.id)]], self.tbs[self.gidx[(b, rtb.id)]]
+            conn = _Conn(len(self.conns), (a, b, c), cap, s, r)
+            s.out = r.inc = conn
+            self.conns.append(conn)
+        self.mem = [None] * size
+        for a, v in init:
+            self.mem[a] = v
+        self.last_w = [None] * size  # (g, t, pc) of the last write
+        self.reads = [None] * size  # {g: (t, pc)} of reads since the last write
+        self.findings: list[Finding] = []
+        self.reported = set()  # (rule, rank, address): one finding per chunk
+        self.waiters: dict = {}
+        self.ready = deque()
+        self.queued = [False] * len(self.tbs)
+
+    # ---- scheduling ----
+
+    def wake(self, key):
+        for g in self.waiters.pop(key, ()):
+            if not self.queued[g]:
+                self.queued[g] = True
+                self.ready.append(g)
+
+    def run(self) -> list[Finding]:
+        self.ready.extend(range(len(self.tbs)))
+        self.queued = [True] * len(self.tbs)
+        while self.ready:
+            g = self.ready.popleft()
+            self.queued[g] = False
+            tb = self.tbs[g]
+            tb.blocked = self.advance(tb)
+            if tb.blocked is not None:
+                self.waiters.setdefault(tb.blocked, []).append(g)
+        stuck = [tb for tb in self.tbs if tb.pc < len(tb.steps)]
+        for tb in stuck:
+            self.findings.append(self.deadlock(tb))
+        if not stuck:
+            for c in self.conns:
+                if c.q:
+                    a, b, ch = c.key
+                    self.findings.append(finding("unconsumed", f"{len(c.q)} messages to rank {b} on channel {ch} are "
+                                                               f"never received", a, c.sender.tb.id))
+        return self.findings
+
+    # ---- clocks ----
+
+    @staticmethod
+    def join(tb: _Tb, snap):
+        g2, t2, vc2 = snap
+        vc = tb.vc if vc2 is tb.vc else tuple(map(max, tb.vc, vc2))
+        if vc[g2] < t2:
+            vc = vc[:g2] + (t2,) + vc[g2 + 1:]
+        tb.vc = vc
+
+    def ordered(self, tb: _Tb, rec) -> bool:
+        return rec[0] == tb.g or tb.vc[rec[0]] >= rec[1]
+
+    # ---- memory ----
+
+    def read(self, tb: _Tb, buf: str, off: int):
+        a = self.addrs[tb.rank][buf][off]
+        w = self.last_w[a]
+        if w is not None and not self.ordered(tb, w):
+            self.race(tb, buf, off, a, "reads", w, "writes")
+        rd = self.reads[a]
+        if rd is None:
+            rd = self.reads[a] = {}
+        rd[tb.g] = (tb.t, tb.pc)
+        v = self.mem[a]
+        if v is None:
+            if ("undefined-read", tb.rank, a) not in self.reported:
+                self.reported.add(("undefined-read", tb.rank, a))
+                self.add("undefined-read", f"reads {buf}[{off}], which holds no data yet", tb)
+            return 0
+        return v
+
+    def write(self, tb: _Tb, buf: str, off: int, v):
+        a = self.addrs[tb.rank][buf][off]
+        w = self.last_w[a]
+        if w is not None and not self.ordered(tb, w):
+            self.race(tb, buf, off, a, "writes", w, "writes")
+        rd = self.reads[a]
+        if rd:
+            for g, (t, pc) in rd.items():
+                if g != tb.g and tb.vc[g] < t:
+                    self.race(tb, buf, off, a, "writes", (g, t, pc), "reads")
+                    break
+        self.last_w[a] = (tb.g, tb.t, tb.pc)
+        self.reads[a] = None
+        self.mem[a] = v
+
+    def reduce(self, tb: _Tb, x, y):
+        if not x or not y:
+            return 0  # undefined data stays undefined (reported where it was read)
+        both = x & y
+        if both and ("double-count", tb.rank, tb.tb.id, tb.pc) not in self.reported:
+            self.reported.add(("double-count", tb.rank, tb.tb.id, tb.pc))
+            r, j = self.enc.contributions(both)[0]
+            self.add("double-count", f"reduction counts rank {r}'s i[{j}] twice", tb)
+        return x | y
+
+    # ---- reporting ----
+
+    def add(self, rule: str, text: str, tb: _Tb):
+        st = tb.steps[tb.pc]
+        self.findings.append(finding(rule, text, tb.rank, tb.tb.id, tb.pc, st.type))
+
+    def race(self, tb: _Tb, buf, off, a, what, other, other_what):
+        if ("race", tb.rank, a) in self.reported:
+            return
+        self.reported.add(("race", tb.rank, a))
+        o = self.tbs[other[0]]
+        self.add("race", f"{what} {buf}[{off}] while tb {o.tb.id} step {other[2]} ({o.steps[other[2]].type}) "
+                         f"{other_what} it, and no dependency orders the two", tb)
+
+    def state(self, tb: _Tb) -> str:
+        if tb.pc >= len(tb.steps):
+            return f"tb {tb.tb.id} has finished"
+        return f"tb {tb.tb.id} is blocked at step {tb.pc} ({tb.steps[tb.pc].type})"
+
+    def deadlock(self, tb: _Tb) -> Finding:
+        kind, x = tb.blocked
+        st = tb.steps[tb.pc]
+        if kind == "f":
+            t = self.tbs[x]
+            why = (f"waits for tb {t.tb.id} to publish step {st.deps} (published so far: {t.pub}; "
+                   f"{self.state(t)})")
+        elif kind == "d":
+            c = self.conns[x]
+            why = (f"waits for a message from rank {c.key[0]} on channel {c.key[2]} "
+                   f"(rank {c.key[0]} {self.state(c.sender)})")
+        else:
+            c = self.conns[x]
+            why = (f"waits for a free slot to rank {c.key[1]} on channel {c.key[2]}: all {c.cap} {self.p.proto} "
+                   f"slots are in flight (rank {c.key[1]} {self.state(c.receiver)})")
+        sub = f" (sub-transfer {tb.sub + 1} of {st.cnt})" if st.cnt > 1 and kind != "f" else ""
+        return finding("deadlock", why + sub, tb.rank, tb.tb.id, tb.pc, st.type)
+
+    # ---- the interpreter ----
+
+    def finish_step(self, tb: _Tb, st):
+        if st.hasdep and st.type != "nop":
+            tb.pub = tb.pc
+            tb.pub_snap = (tb.g, tb.t, tb.vc)
+            self.wake(("f", tb.g))
+        tb.pc += 1
+        tb.sub = 0
+        tb.waited = False
+
+    def advance(self, tb: _Tb):
+        """Runs `tb` until it finishes (returns None) or blocks (returns what it waits for)."""
+        steps = tb.steps
+        while tb.pc < len(steps):
+            st = steps[tb.pc]
+            if not tb.waited:
+                if st.depid >= 0:
+                    target = self.tbs[self.gidx[(tb.rank, st.depid)]]
+                    if target.pub < st.deps:
+                        return ("f", target.g)
+                    self.join(tb, target.pub_snap)
+                tb.waited = True
+            typ = st.type
+            if typ == "nop":
+                pass
+            elif typ == "cpy":
+                tb.t += 1
+                vals = [self.read(tb, st.srcbuf, st.srcoff + k) for k in range(st.cnt)]
+                for k, v in enumerate(vals):
+                    self.write(tb, st.dstbuf, st.dstoff + k, v)
+            elif typ == "re":
+                tb.t += 1
+                for k in range(st.cnt):
+                    x = self.read(tb, st.dstbuf, st.dstoff + k)
+                    y = self.reduce(tb, x, self.read(tb, st.srcbuf, st.srcoff + k))
+                    self.write(tb, st.dstbuf, st.dstoff + k, y)
+            else:
+                recv, send = typ in RECVS, typ in SENDS
+                inc, out = tb.inc, tb.out
+                while tb.sub < st.cnt:
+                    if recv and not inc.q:
+                        return ("d", inc.id)
+                    if send and len(out.q) >= out.cap:
+                        return ("s", out.id)
+                    k = tb.sub
+                    tb.t += 1
+                    if recv:
+                        x, snap = inc.q.popleft()
+                        self.wake(("s", inc.id))
+                        self.join(tb, snap)
+                    if typ == "s":
+                        y = self.read(tb, st.srcbuf, st.srcoff + k)
+                    elif typ in ("r", "rcs"):
+                        y = x
+                        self.write(tb, st.dstbuf, st.dstoff + k, y)
+                    else:  # rrs, rrc, rrcs: the local operand is at src
+                        y = self.reduce(tb, x, self.read(tb, st.srcbuf, st.srcoff + k))
+                        if typ != "rrs":
+                            self.write(tb, st.dstbuf, st.dstoff + k, y)
+                    if send:
+                        out.q.append((y, (tb.g, tb.t, tb.vc)))
+                        self.wake(("d", out.id))
+                    tb.sub += 1
+            self.finish_step(tb, st)
+        return None
+
+
+def execute(p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding):
+    """Runs the program; returns (findings, final memory indexed by the flat addresses in `addrs`)."""
+    m = Machine(p, conns, addrs, size, init, enc)
+    return m.run(), m.mem
+
+
+# ---- the postcondition ---------------------------------------------------------------------------
+
+def standard_demand(p: Program, root: int | None = None) -> Demand | None:
+    """The postcondition of a standard collective from the header alone (msccl-xml.md §4)."""
+    n, N, coll = p.ngpus, p.nchunksperloop, p.collective
+    everyone = tuple(range(n))
+    if coll in ("allreduce", "broadcast", "reduce"):
+        if coll == "allreduce":
+            chunks = [Chunk(k, everyone, everyone, (k,) * n, (k,) * n) for k in range(N)]
+        elif coll == "broadcast":
+            chunks = [Chunk(k, (root,), everyone, (k,), (k,) * n) for k in range(N)]
+        else:
+            chunks = [Chunk(k, everyone, (root,), (k,) * n, (k,)) for k in range(N)]
+        return Demand(coll, n, tuple(chunks), 1.0, N, N, coll != "broadcast", root, N, N)
+    if coll in ("allgather", "alltoall", "reduce_scatter", "gather", "scatter") and n >= 2 and N % n == 0:
+        return make_demand(coll, n, N, N // n, root)
+    return None
+
+
+def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc: Encoding) -> list[Finding]:
+    out = []
+    for c in demand.chunks:
+        for s, si in zip(c.sources, c.src_index):
+            if not (0 <= s < p.ngpus and 0 <= si < enc.width):
+                out.append(finding("postcondition", f"the demand's chunk {c.id} starts at rank {s} i[{si}], "
+                                                    f"outside the program's buffers"))
+        if demand.reduce:
+            want = 0
+            for s, si in zip(c.sources, c.src_index):
+                want |= enc.bit(s, si)
+            ok = {want}
+        else:
+            ok = {enc.bit(s, si) for s, si in zip(c.sources, c.src_index)}
+        for d, di in zip(c.dests, c.dst_index):
+            if not (0 <= d < len(addrs) and 0 <= di < len(addrs[d]["o"])):
+                out.append(finding("postcondition", f"o[{di}] should receive chunk {c.id}, but rank {d} has "
+                                                    f"o_chunks={len(addrs[d]['o']) if 0 <= d < len(addrs) else 0}", d))
+                continue
+            got = mem[addrs[d]["o"][di]]
+            if got not in ok:
+                want_s = " or ".join(sorted(enc.describe(v) for v in ok))
+                out.append(finding("postcondition", f"o[{di}] should hold {want_s}, but holds {enc.describe(got)}", d))
+    return out
+
+
+def _root_candidates(p: Program) -> list[int]:
+    """Ranks in the order we try them as root: for broadcast/scatter those that read their input,
+    for reduce/gather those that write their output, then the rest."""
+    reads_i, writes_o = [], []
+    for g, tb, st in ((g, tb, st) for g in p.gpus for tb in g.tbs for st in tb.steps):
+        if st.type in READS_SRC and st.srcbuf == "i" and g.rank not in reads_i:
+            reads_i.append(g.rank)
+        if st.type in WRITES_DST and st.dstbuf == "o" and g.rank not in writes_o:
+            writes_o.append(g.rank)
+    first = reads_i if p.collective in ("broadcast", "scatter") else writes_o
+    if len(first) != 1:
+        first = []  # no single rank stands out: try them in rank order
+    return first + [r for r in range(p.ngpus) if r not in first]
+
+
+def _layout(p: Program, inplace: bool, n_in_expected: int | None):
+    """Flat addresses of every (rank, buffer, chunk), input chunks per rank, and the aliasing of an
+    in-place call (msccl-xml.md §10): allgather i[j] = o[rank*f + j]; reduce_scatter
+    o[j] = i[rank*f + j]; every other collective i[k] = o[k]."""
+    addrs, n_in, nxt = [], [], 0
+    f = p.nchunksperloop // p.ngpus if p.ngpus else 0
+    for g in p.gpus:
+        o = list(range(nxt, nxt + max(g.o_chunks, 0)))
+        nxt += len(o)
+        s = list(range(nxt, nxt + max(g.s_chunks, 0)))
+        nxt += len(s)
+        k_in = max(g.i_chunks, 0)
+        if inplace and n_in_expected is not None:
+            k_in = max(k_in, n_in_expected)  # in-place allgather files may declare i_chunks=0
+        i = []
+        for k in range(k_in):
+            if not inplace:
+                j = -1
+            elif p.collective == "allgather":
+                j = g.rank * f + k
+            elif p.collective == "reduce_scatter":
+                j = k - g.rank * f
+            else:
+                j = k
+            if 0 <= j < len(o):
+                i.append(o[j])
+            else:
+                i.append(nxt)
+                nxt += 1
+        addrs.append({"i": i, "o": o, "s": s})
+        n_in.append(k_in)
+    return addrs, n_in, nxt
+
+
+def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
+    """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
+    or the standard collective's derived from the header (for a rooted one, the root that fits,
+    trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
+    exp = expected_chunks(p)
+    addrs, n_in, size = _layout(p, inplace, exp[0] if exp else None)
+    enc = Encoding(max(n_in, default=1))
+    init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
+    findings, mem = execute(p, connections(p), addrs, size, init, enc)
+    if any(f.rule == "deadlock" for f in findings):
+        return findings  # the outputs of a run that did not finish say nothing more
+    if demand is not None:
+        return findings + postcondition(p, demand, mem, addrs, enc)
+    if p.collective in ("broadcast", "reduce", "scatter", "gather"):
+        tried = []
+        for root in _root_candidates(p):
+            got = postcondition(p, standard_demand(p, root), mem, addrs, enc)
+            if not got:
+                return findings
+            tried.append(got)
+        return findings + (tried[0] if tried else [])
+    d = standard_demand(p)
+    if d is None:
+        why = ("a custom collective needs a demand to state its postcondition" if p.collective == "custom" else
+               f"no postcondition for {p.collective!r} with ngpus={p.ngpus}, nchunksperloop={p.nchunksperloop}")
+        return findings + [finding("postcondition", why)]
+    return findings + postcondition(p, d, mem, addrs, enc)
