@@ -30,6 +30,7 @@ from ..topology import Topology
 from . import register
 from .options import PlanOptions
 from .solver import solve
+from .symmetry import Symmetry, chunk_images, find_symmetry
 from .timexp import Flows, link_ends, rows_matrix, useful_flows
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
@@ -38,17 +39,18 @@ FLOW_PENALTY = 1e-4
 TOL = 1e-7
 
 
-def commodity_masks(demand: Demand) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sources, src mask (S, N), amount (S, N) of chunks each source owes each rank)."""
+def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sources, src mask (S, N), amount (S, N) of chunks each source owes each rank);
+    `only`: restrict to these sources (the representatives of a symmetry)."""
     for c in demand.chunks:
         if len(c.sources) != 1 or len(c.dests) != 1:
             raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use --method milp or ring "
                                "(the LP plans demands without copies: alltoall, scatter, gather)")
-    sources = np.array(sorted({c.sources[0] for c in demand.chunks}))
+    sources = np.array(sorted({c.sources[0] for c in demand.chunks if only is None or c.sources[0] in only}))
     row = {s: i for i, s in enumerate(sources)}
     amount = np.zeros((len(sources), demand.ngpus))
     for c in demand.chunks:
-        if c.dests[0] != c.sources[0]:
+        if c.dests[0] != c.sources[0] and c.sources[0] in row:
             amount[row[c.sources[0]], c.dests[0]] += 1.0
     src = np.zeros((len(sources), demand.ngpus), dtype=bool)
     src[np.arange(len(sources)), sources] = True
@@ -58,8 +60,9 @@ def commodity_masks(demand: Demand) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 class FluidModel:
     """The LP at one horizon. Variables f (flows, chunk units), H (held at start of epoch)."""
 
-    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion, horizon: int):
-        self.sources, src, amount = commodity_masks(demand)
+    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, sym: Symmetry | None = None):
+        self.sym = sym
+        self.sources, src, amount = commodity_masks(demand, sym.reps if sym else None)
         self.amount = amount
         S, N, K = len(self.sources), topo.ngpus, horizon
         self.flows = flows = useful_flows(topo, src, amount > 0, te, horizon)
@@ -105,8 +108,12 @@ class FluidModel:
         if len(keys):
             m, _ = rows_matrix(keys, np.concatenate([so, si]), np.concatenate([np.ones(len(so)), -np.ones(len(si))]), nf)
             cons.append(m @ f == 0)
-        # link capacity per epoch (fluid)
-        m, lk = rows_matrix(flows.l.astype(np.int64) * (K + 1) + flows.k, np.arange(nf), np.ones(nf), nf)
+        # link capacity per epoch (fluid); with a symmetry every flow loads all its link images
+        links, cols, epochs = flows.l, np.arange(nf), flows.k
+        if sym is not None:
+            links = sym.link_perms[:, flows.l].ravel()
+            cols, epochs = np.tile(cols, sym.size), np.tile(epochs, sym.size)
+        m, lk = rows_matrix(links.astype(np.int64) * (K + 1) + epochs, cols, np.ones(len(cols)), nf)
         cons.append(m @ f <= rate[lk // (K + 1)])
         # every destination holds what it is owed by the horizon
         ds, dd = np.nonzero(amount > 0)
@@ -168,7 +175,13 @@ def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tupl
         for d, a in need.items():  # what the LP left undecomposed goes the best direct way
             if a > 1e-6:
                 out.setdefault((int(s), d), []).append((_fallback(topo, int(s), d), a, float(model.horizon)))
-    return out
+    if model.sym is None:
+        return out
+    mapped: dict[tuple[int, int], list] = {}
+    for p in model.sym.perms:
+        for (s, d), options in out.items():
+            mapped[(int(p[s]), int(p[d]))] = [(tuple(int(p[v]) for v in path), v, w) for path, v, w in options]
+    return mapped
 
 
 def _walk(topo, s, flow, out_links, need):
@@ -243,6 +256,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     commodity_masks(demand)  # refuses demands with copies early
     bound = bound_for(topo, demand)
     te = fluid_expansion(topo, demand, bound.time_s, options.tau)
+    sym = find_symmetry(topo) if options.symmetry else None
+    if sym is not None and chunk_images(sym, demand) is None:
+        sym = None
     k = max(1, epochs_for(bound.bandwidth_s, te.tau))
     cap = options.max_horizon
     tried = []
@@ -252,9 +268,12 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         if left <= 0.5:
             raise InfeasibleError(f"lp: no feasible horizon found within --time-limit {options.time_limit:g} s "
                                   f"(tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us)")
-        m = FluidModel(topo, demand, te, k)
+        m = FluidModel(topo, demand, te, k, sym)
         res = m.solve(left * 0.6, options.verbose)
         tried.append(str(k))
+        if not res.has_solution and res.status != "infeasible":
+            raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}); "
+                                  "raise --time-limit")
         if options.progress:
             options.progress(f"lp horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
         if res.has_solution:
@@ -270,6 +289,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     parts = SUBCHUNKS if demand.chunks_per_rank * SUBCHUNKS <= 64 else 1
     notes = (f"LP: {model.horizon} epochs of {te.tau * 1e6:.4g} us = {lp_value * 1e3:.4g} ms (fluid), "
              f"{len(model.flows)} flow variables; horizons tried {', '.join(tried)}",
-             f"rounded to {parts} sub-chunks per chunk and list-scheduled")
+             f"rounded to {parts} sub-chunks per chunk and list-scheduled") + \
+        ((f"symmetry: solved sources {', '.join(map(str, sym.reps))} and mapped them by {sym.describe()}",) if sym else ())
     schedule = round_schedule(topo, demand, route_map, parts, t0, notes)
     return replace(schedule, lp_value=lp_value, status="rounded", solve_time=time.perf_counter() - t0)

@@ -24,7 +24,8 @@ from ..topology import Topology
 from . import register
 from .options import PlanOptions
 from .solver import SolveResult, solve
-from .timexp import Flows, link_ends, rows_matrix, useful_flows
+from .symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
+from .timexp import Flows, capacity_violations, link_ends, rows_matrix, useful_flows
 
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
 
@@ -39,13 +40,24 @@ class Model:
     b_pos: np.ndarray  # (Q, N, K + 1) -> column of B, -1 where B is a constant
     held0: np.ndarray  # (Q, N) bool: sources
     problem: cp.Problem
+    chunk_ids: list[int]  # demand chunk id of each commodity
+    sym: Symmetry | None = None
+    multicast: bool = False
 
 
 def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multicast: bool,
-          relax: bool = False) -> Model:
+          relax: bool = False, sym: Symmetry | None = None) -> Model:
+    """The MILP at one horizon. With a symmetry, only the representative's chunks are
+    commodities and every link's capacity is shared by the images of all of them."""
     src, dst = demand.masks()
+    chunk_ids = list(range(len(demand.chunks)))
+    link_images = None
+    if sym is not None:
+        chunk_ids = rep_chunks(demand, sym.reps)
+        src, dst = src[chunk_ids], dst[chunk_ids]
+        link_images = sym.link_perms
     flows = useful_flows(topo, src, dst, te, horizon)
-    Q, N, K = len(demand.chunks), topo.ngpus, horizon
+    Q, N, K = len(chunk_ids), topo.ngpus, horizon
     l_src, l_dst = link_ends(topo)
     arrival = np.array(te.arrival)
     is_gpu = np.arange(topo.nvertices) < N
@@ -64,10 +76,10 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
     cons += buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B)
     cons += send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B)
     cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
-    cons += link_capacity_over_window(flows, te, K, F)
-    cons += every_destination_holds_by_horizon(demand, b_pos, K, B)
-    objective = cp.Minimize(-early_delivery(demand, b_pos, K, nb, B) + FLOW_PENALTY * cp.sum(F))
-    return Model(flows, K, F, B, b_pos, src, cp.Problem(objective, cons))
+    cons += link_capacity_over_window(flows, te, K, F, link_images)
+    cons += every_destination_holds_by_horizon(src, dst, b_pos, K, B)
+    objective = cp.Minimize(-early_delivery(src, dst, b_pos, K, nb, B) + FLOW_PENALTY * cp.sum(F))
+    return Model(flows, K, F, B, b_pos, src, cp.Problem(objective, cons), chunk_ids, sym, multicast)
 
 
 # ---- constraint families: one function per equation ----------------------------------------------
@@ -155,8 +167,9 @@ def switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
     return cons
 
 
-def link_capacity_over_window(flows, te: TimeExpansion, horizon, F):
-    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l]."""
+def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=None):
+    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l].
+    With a symmetry, a flow on link l loads the image of l under every group element."""
     window = np.array(te.window)[flows.l]
     cap = np.array(te.capacity)
     idx = np.repeat(np.arange(len(flows)), window)
@@ -164,7 +177,12 @@ def link_capacity_over_window(flows, te: TimeExpansion, horizon, F):
     epoch = flows.k[idx] + offs
     keep = epoch < horizon
     idx, epoch = idx[keep], epoch[keep]
-    rows = flows.l[idx].astype(np.int64) * (horizon + 1) + epoch
+    links = flows.l[idx]
+    if link_images is not None:
+        g = len(link_images)
+        links = link_images[:, links].ravel()
+        idx, epoch = np.tile(idx, g), np.tile(epoch, g)
+    rows = links.astype(np.int64) * (horizon + 1) + epoch
     m, keys = rows_matrix(rows, idx, np.ones(len(idx)), len(flows))
     limit = cap[keys // (horizon + 1)].astype(float)
     busy = np.asarray(m.sum(axis=1)).ravel()
@@ -174,17 +192,15 @@ def link_capacity_over_window(flows, te: TimeExpansion, horizon, F):
     return [m[tight] @ F <= limit[tight]]
 
 
-def every_destination_holds_by_horizon(demand: Demand, b_pos, horizon, B):
-    src, dst = demand.masks()
+def every_destination_holds_by_horizon(src, dst, b_pos, horizon, B):
     q, g = np.nonzero(dst & ~src)
     cols = b_pos[q, g, horizon]
     return [B[cols] == 1] if len(cols) else []
 
 
-def early_delivery(demand: Demand, b_pos, horizon, nb, B):
+def early_delivery(src, dst, b_pos, horizon, nb, B):
     """Sum over needed (chunk, rank) of the epochs it is held: minimising its negative makes
     every delivery as early as possible (the sum of arrival epochs, te-ccl-model.md §3.3)."""
-    src, dst = demand.masks()
     q, g = np.nonzero(dst & ~src)
     cols = b_pos[q, g, 1:].ravel()
     w = np.zeros(nb)
@@ -232,7 +248,7 @@ def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
             pool.setdefault((int(f.q[i]), int(l_src[l]), int(f.k[i])), []).append(l)
     for v in pool.values():
         v.sort(reverse=True)
-    copy = {topo.ngpus + j for j, s in enumerate(topo.switches) if s.multicast}
+    copy = {topo.ngpus + j for j, s in enumerate(topo.switches) if s.multicast and model.multicast}
     transfers = []
     group = 0
     for i in sorted(starts, key=lambda i: (int(f.k[i]), int(f.q[i]), int(f.l[i]))):
@@ -241,7 +257,8 @@ def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
         g = group if len(routes) > 1 else -1
         group += len(routes) > 1
         for path in routes:
-            transfers.append(Transfer(q, path[0], path[-1], path, k, k + te.path_arrival(topo, path), False, g))
+            transfers.append(Transfer(model.chunk_ids[q], path[0], path[-1], path, k,
+                                      k + te.path_arrival(topo, path), False, g))
     return transfers
 
 
@@ -293,7 +310,7 @@ def _baseline(topo, demand, options) -> Schedule | None:
 
 
 def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | None, multicast: bool,
-                   budget: float, report) -> tuple[int, str, dict | None]:
+                   budget: float, report, sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
     """Smallest horizon the MILP finds feasible: doubling from the lower bound, then bisection.
     Returns (horizon, how it was chosen, solution values of the last feasible probe)."""
     t0 = time.perf_counter()
@@ -309,7 +326,7 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         left = budget - (time.perf_counter() - t0)
         if left <= 0.5:
             break
-        model = build(topo, demand, te, k, multicast)
+        model = build(topo, demand, te, k, multicast, sym=sym)
         res = solve(model.problem, time_limit=left, first_feasible=True, label=f"horizon {k}: ", progress=report)
         probes.append(f"{k}:{'ok' if res.has_solution else res.status}")
         if report:
@@ -330,7 +347,7 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
     # narrowing
     while feasible - infeasible > 1 and budget - (time.perf_counter() - t0) > 0.5:
         mid = (feasible + infeasible) // 2
-        model = build(topo, demand, te, mid, multicast)
+        model = build(topo, demand, te, mid, multicast, sym=sym)
         res = solve(model.problem, time_limit=budget - (time.perf_counter() - t0), first_feasible=True,
                     label=f"horizon {mid}: ", progress=report)
         probes.append(f"{mid}:{'ok' if res.has_solution else res.status}")
@@ -341,27 +358,42 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
     return feasible, f"from the lower bound {lower} epochs (probes: {', '.join(probes)})", values
 
 
+class SymmetryClash(Exception):
+    """The mapped schedule overloads a link (cannot happen with exact orbit capacities)."""
+
+
 @register("milp")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     t0 = time.perf_counter()
-    report = options.progress
     te = expand(topo, demand, options.tau)
     bound = bound_for(topo, demand)
-    table_lower = _latency_epochs(topo, demand, te)
-    lower = max(1, epochs_for(bound.bandwidth_s, te.tau), table_lower)
-    base = _baseline(topo, demand, options) if options.warm_start else None
-    upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
+    lower = max(1, epochs_for(bound.bandwidth_s, te.tau), _latency_epochs(topo, demand, te))
     cap = options.max_horizon
     if cap is not None and lower > cap:
         raise InfeasibleError(f"--max-horizon: {cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
-    budget = options.time_limit
-    horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, cap, options.multicast,
-                                        budget * 0.4, report)
+    sym = find_symmetry(topo) if options.symmetry and not options.multicast else None
+    images = chunk_images(sym, demand) if sym is not None else None
+    if images is not None:
+        try:
+            return _plan(topo, demand, options, te, lower, t0, sym, images)
+        except SymmetryClash as clash:
+            note = f"symmetric solution overloaded {clash}; solved without symmetry"
+            return _plan(topo, demand, options, te, lower, t0).with_notes(note)
+    return _plan(topo, demand, options, te, lower, t0)
+
+
+def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedule:
+    report = options.progress
+    base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
+    upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
+    budget = options.time_limit - (time.perf_counter() - t0)
+    horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
+                                        budget * 0.4, report, sym)
     te = te.with_horizon(horizon, reason)
-    model = build(topo, demand, te, horizon, options.multicast)
+    model = build(topo, demand, te, horizon, options.multicast, sym=sym)
     warm = warm_values(model, topo, base, te) if base is not None and horizon >= base.epochs else None
-    left = max(1.0, budget - (time.perf_counter() - t0))
+    left = max(1.0, options.time_limit - (time.perf_counter() - t0))
     if report:
         report(f"solving at horizon {horizon} epochs ({len(model.flows)} flow variables, "
                f"{'warm start from ' + base.planner if warm else 'cold start'})")
@@ -373,12 +405,17 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise InfeasibleError(f"milp: no solution at horizon {horizon} within the time limit ({res.status}); "
                               "raise --time-limit")
     transfers = prune_useless(extract(model, topo, te), demand)
-    status = _status(res)
-    schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", status, res.gap,
-                        time.perf_counter() - t0,
-                        notes=(f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
-                               f"{len(model.flows)} flow variables"
-                               + (f", warm start from {base.planner}" if warm else "")))
+    notes = [f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
+             f"{len(model.flows)} flow variables" + (f", warm start from {base.planner}" if warm else "")]
+    if sym is not None:
+        transfers = map_transfers(sym, topo, transfers, images, model.chunk_ids)
+        clash = capacity_violations(topo, te, transfers)
+        if clash:
+            raise SymmetryClash(clash[0])
+        who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
+        notes.append(f"symmetry: solved {who} and mapped them by {sym.describe()}")
+    schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", _status(res), res.gap,
+                        time.perf_counter() - t0, notes=tuple(notes))
     return schedule.sorted()
 
 

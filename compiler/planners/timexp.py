@@ -112,3 +112,25 @@ def rows_matrix(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, ncols: int
     keys, inverse = np.unique(rows, return_inverse=True)
     m = sp.csr_matrix((vals, (inverse, cols)), shape=(len(keys), ncols))
     return m, keys
+
+
+def capacity_violations(topo: Topology, te: TimeExpansion, transfers) -> list[str]:
+    """Links over capacity in some epoch (a transfer occupies each link of its path for the
+    link's window from its start epoch); empty when the schedule fits the epoch model."""
+    load: dict[tuple[int, int], int] = {}
+    seen_groups: set[tuple[int, int]] = set()
+    for t in transfers:
+        for l in topo.path_links(t.path):
+            if t.group >= 0:
+                if (t.group, l) in seen_groups:
+                    continue
+                seen_groups.add((t.group, l))
+            for e in range(t.start, t.start + te.window[l]):
+                load[(l, e)] = load.get((l, e), 0) + 1
+    bad = []
+    for (l, e), n in sorted(load.items()):
+        if n > te.capacity[l]:
+            link = topo.links[l]
+            bad.append(f"{topo.vertex_name(link.src)}->{topo.vertex_name(link.dst)} carries {n} chunks in epoch {e} "
+                       f"(capacity {te.capacity[l]})")
+    return bad
