@@ -16,26 +16,31 @@ MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minut
 LP_MAX_FLOWS = 400_000
 
 
-def estimated_flows(topo: Topology, demand: Demand) -> int:
-    """Rough count of flow variables at the lower-bound horizon (before pruning)."""
+def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True) -> int:
+    """Rough count of flow variables at the lower-bound horizon (before pruning), after the
+    symmetry reduction the planners would apply."""
     from ..bounds import bound_for
     from ..timing import epochs_for, expand
+    from .symmetry import chunk_images, find_symmetry
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
     commodities = len(demand.chunks)
     if not any(len(c.dests) > 1 for c in demand.chunks):
         commodities = len({c.sources for c in demand.chunks})  # the LP aggregates per source
+    sym = find_symmetry(topo) if symmetry else None
+    if sym is not None and chunk_images(sym, demand) is not None:
+        commodities = max(1, commodities // sym.size)
     return commodities * len(topo.links) * k
 
 
-def candidates(topo: Topology, demand: Demand) -> tuple[list[str], list[str]]:
+def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
     """(methods to try, reasons for the ones left out)."""
     plan_demand = demand
     if demand.reduce:
         from .compose import allreduce_phases, dual_demand
         plan_demand = allreduce_phases(demand)[1] if any(len(c.dests) > 1 for c in demand.chunks) else dual_demand(demand)
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
-    size = estimated_flows(topo, plan_demand)
+    size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
     if copies:
         if size <= MILP_MAX_FLOWS:
@@ -57,7 +62,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     from . import PLANNERS, plan as plan_with
     from ..simulate import simulate
     t0 = time.perf_counter()
-    methods, skipped = candidates(topo, demand)
+    methods, skipped = candidates(topo, demand, options)
     results: list[tuple[float, str, Schedule]] = []
     failed = []
     for method in methods:

@@ -1,0 +1,295 @@
+"""MSCCL algorithm XML: write a Program (portable subset, msccl-xml.md §16) and read one back.
+
+Writing: templates/msccl.xml.j2 through Jinja2. No declaration, spaces only, one tag per line with
+all its attributes, single spaces, double quotes, decimal integers without padding; `<algo>` carries
+exactly name proto nchannels nchunksperloop ngpus coll inplace outofplace minBytes maxBytes; every
+step all ten attributes with s = its position. The same Program always gives the same bytes.
+
+`coll` per runtime: reduce-scatter is "reducescatter" for executor/rccl (and "all") and
+"reduce_scatter" for "old" (legacy msccl). `maxBytes`: Program.max_bytes = 0 means "no limit";
+the runtimes disagree on 0 (executor/RCCL: no limit; legacy: never selected), so the writer puts
+UNLIMITED_MAX_BYTES = 2**40 (1 TiB, more than any GPU holds; small enough that legacy's scratch
+arithmetic maxBytes * s_chunks cannot overflow int64) and the reader maps that value back to 0.
+
+Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
+outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
+Unknown elements (TACCL's `<copy>`) and attributes (`redop`, `nthreads`) are ignored, with a note
+for elements. Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is
+8); any spelling other than plain decimal is accepted with a warning in Program.notes. Everything
+else malformed raises XmlError, one line naming the file, element, attribute and value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+from lxml import etree
+
+from compiler.errors import CompileError
+from compiler.fileio import atomic_write
+from compiler.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
+
+__all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
+
+XML_RUNTIMES = ("executor", "rccl", "old", "all")
+UNLIMITED_MAX_BYTES = 2 ** 40
+MAX_CHANNEL_ID = 32  # the parsers reject chan < 0 or > 32
+MAX_CNT = 71
+_NAME = re.compile(r"[^\s\"'<>&]{1,255}")
+_INT = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)\Z")
+_EXTRA_COLLS = ("send", "recv", "alltoallv")  # executor-only `coll` values, kept verbatim
+_READ_COLLS = {**{v: k for k, v in COLL_NAMES.items()}, "reduce_scatter": "reduce_scatter",
+               **{c: c for c in _EXTRA_COLLS}}
+_STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+
+
+class XmlError(CompileError):
+    """An XML file we cannot write or read: one line naming file, element, attribute and value."""
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    text = resources.files("templates").joinpath("msccl.xml.j2").read_text(encoding="utf-8")
+    env = jinja2.Environment(autoescape=False, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.from_string(text)
+
+
+def coll_name(collective: str, runtime: str) -> str:
+    """The `coll` attribute for a runtime (reduce-scatter has no common spelling)."""
+    if runtime not in XML_RUNTIMES:
+        raise XmlError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(XML_RUNTIMES)})")
+    if collective == "reduce_scatter" and runtime == "old":
+        return "reduce_scatter"
+    if collective in COLL_NAMES:
+        return COLL_NAMES[collective]
+    if collective in _EXTRA_COLLS:
+        return collective
+    raise XmlError(f"program: collective {collective!r} has no MSCCL name (known: {', '.join(COLL_NAMES)})")
+
+
+def _check_writable(p: Program) -> None:
+    """What the text format itself needs; everything else is the verifier's job."""
+    if not _NAME.fullmatch(p.name):
+        raise XmlError(f"program: name {p.name!r} must be 1-255 characters without spaces, quotes, <, > or &")
+    if p.proto not in PROTOCOLS:
+        raise XmlError(f"program: proto {p.proto!r} is not one of {', '.join(PROTOCOLS)}")
+    for g in p.gpus:
+        for tb in g.tbs:
+            for k, s in enumerate(tb.steps):
+                if s.type not in STEP_TYPES or s.srcbuf not in BUFFERS or s.dstbuf not in BUFFERS:
+                    raise XmlError(f"program: gpu {g.rank} tb {tb.id} step {k}: type/buffers "
+                                   f"{s.type!r} {s.srcbuf!r} {s.dstbuf!r} cannot be written")
+
+
+def to_xml(program: Program, runtime: str = "executor") -> str:
+    """The portable-subset XML text of a Program (ends with a newline)."""
+    coll = coll_name(program.collective, runtime)
+    _check_writable(program)
+    return _template().render(p=program, coll=coll, max_bytes=program.max_bytes or UNLIMITED_MAX_BYTES)
+
+
+def save_xml(program: Program, path: str | os.PathLike, runtime: str = "executor") -> None:
+    atomic_write(path, to_xml(program, runtime))
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, label: str):
+        self.label = label
+        self.notes: list[str] = []
+
+    def fail(self, where: str, attr: str, problem: str) -> XmlError:
+        return XmlError(f"{self.label}: {where}: {attr}: {problem}" if attr else f"{self.label}: {where}: {problem}")
+
+    def text(self, el, where: str, attr: str, default: str | None = None) -> str:
+        value = el.get(attr)
+        if value is None:
+            if default is None:
+                raise self.fail(where, attr, "required attribute is missing")
+            return default
+        return value
+
+    def int(self, el, where: str, attr: str, lo: int | None = None, hi: int | None = None,
+            default: int | None = None) -> int:
+        raw = el.get(attr)
+        if raw is None:
+            if default is None:
+                raise self.fail(where, attr, "required attribute is missing")
+            return default
+        m = _INT.match(raw)
+        if m is None:
+            raise self.fail(where, attr, f"{raw!r} is not an integer")
+        sign, digits = m.groups()
+        base = 16 if digits[:2] in ("0x", "0X") else 8 if digits[0] == "0" and len(digits) > 1 else 10
+        value = int(digits, base) * (-1 if sign == "-" else 1)
+        if not -2 ** 63 <= value < 2 ** 63:
+            raise self.fail(where, attr, f"{raw!r} is out of the 64-bit range")
+        if raw != str(value):
+            kind = {16: "hexadecimal", 8: "octal"}.get(base, "non-canonical")
+            self.notes.append(f"{self.label}: {where}: {attr}={raw!r} reads as {value} ({kind}, as C strtol "
+                              "base 0 reads it)")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise self.fail(where, attr, f"{raw!r} is out of range ({rng})")
+        return value
+
+    def flag(self, el, where: str, attr: str, default: int | None = None) -> bool:
+        return bool(self.int(el, where, attr, 0, 1, default))
+
+    def children(self, el, tag: str, where: str) -> list:
+        out, ignored = [], {}
+        for child in el:
+            if not isinstance(child.tag, str):
+                continue  # comments, processing instructions
+            if child.tag == tag:
+                out.append(child)
+            else:
+                ignored[child.tag] = ignored.get(child.tag, 0) + 1
+        for name, n in sorted(ignored.items()):
+            self.notes.append(f"{self.label}: {where}: ignored {n} <{name}> element{'s' if n > 1 else ''}")
+        return out
+
+    def step(self, el, where: str) -> tuple[int, Step]:
+        for attr in _STEP_ATTRS:
+            if el.get(attr) is None:
+                raise self.fail(where, attr, "required attribute is missing")
+        kind = el.get("type")
+        if kind not in STEP_TYPES:
+            raise self.fail(where, "type", f"{kind!r} is not a step type ({', '.join(STEP_TYPES)})")
+        bufs = []
+        for attr in ("srcbuf", "dstbuf"):
+            if el.get(attr) not in BUFFERS:
+                raise self.fail(where, attr, f"{el.get(attr)!r} is not a buffer (i, o, s)")
+            bufs.append(el.get(attr))
+        s = self.int(el, where, "s", 0)
+        return s, Step(kind, bufs[0], self.int(el, where, "srcoff"), bufs[1], self.int(el, where, "dstoff"),
+                       self.int(el, where, "cnt", 0, MAX_CNT), self.int(el, where, "depid", -1),
+                       self.int(el, where, "deps", -1), self.flag(el, where, "hasdep"))
+
+    def tb(self, el, rank: int, ngpus: int, position: int) -> ThreadBlock:
+        where = f"gpu {rank} tb (position {position})"
+        tid = self.int(el, where, "id", 0)
+        where = f"gpu {rank} tb {tid}"
+        peers = []
+        for attr in ("send", "recv"):
+            peer = self.int(el, where, attr, -1, ngpus - 1)
+            if peer == rank:
+                raise self.fail(where, attr, f"'{peer}' is the thread block's own rank")
+            peers.append(peer)
+        chan = self.int(el, where, "chan", 0, MAX_CHANNEL_ID)
+        steps = []
+        for k, child in enumerate(self.children(el, "step", where)):
+            s, step = self.step(child, f"{where} step {k}")
+            if s != k:
+                self.notes.append(f"{self.label}: {where} step {k}: s=\"{s}\" differs from its position {k}; "
+                                  "the runtimes number steps by position, so dependencies on it may misfire")
+            steps.append(step)
+        return ThreadBlock(tid, peers[0], peers[1], chan, tuple(steps))
+
+    def gpu(self, el, ngpus: int, position: int) -> GpuProgram:
+        rank = self.int(el, f"gpu (position {position})", "id", 0, ngpus - 1)
+        where = f"gpu {rank}"
+        sizes = [self.int(el, where, a, 0) for a in ("i_chunks", "o_chunks", "s_chunks")]
+        tbs = sorted((self.tb(c, rank, ngpus, k) for k, c in enumerate(self.children(el, "tb", where))),
+                     key=lambda t: t.id)
+        for k, tb in enumerate(tbs):
+            if tb.id != k:
+                problem = "is defined twice" if tb.id < k else f"leaves thread block {k} missing (ids must be 0..n-1)"
+                raise self.fail(f"{where} tb {tb.id}", "id", f"'{tb.id}' {problem}")
+        return GpuProgram(rank, sizes[0], sizes[1], sizes[2], tuple(tbs))
+
+    def program(self, root) -> Program:
+        if root.tag != "algo":
+            raise self.fail(f"<{root.tag}>", "", "the root element must be <algo>")
+        w = "algo"
+        proto = self.text(root, w, "proto")
+        if proto not in PROTOCOLS:
+            raise self.fail(w, "proto", f"{proto!r} is not a protocol ({', '.join(PROTOCOLS)})")
+        coll = self.text(root, w, "coll")
+        if coll not in _READ_COLLS:
+            raise self.fail(w, "coll", f"{coll!r} is not a collective ({', '.join(sorted(_READ_COLLS))})")
+        ngpus = self.int(root, w, "ngpus", 1)
+        nchannels = self.int(root, w, "nchannels", 1, MAX_CHANNEL_ID + 1)
+        nchunks = self.int(root, w, "nchunksperloop", 1)
+        inplace = self.flag(root, w, "inplace")
+        outofplace = self.flag(root, w, "outofplace", default=int(not inplace))
+        min_bytes = self.int(root, w, "minBytes", 0, default=0)
+        max_bytes = self.int(root, w, "maxBytes", 0, default=0)
+        if max_bytes == UNLIMITED_MAX_BYTES:
+            max_bytes = 0
+        name = root.get("name", "")
+        missing = [a for a in ("name", "outofplace", "minBytes", "maxBytes") if root.get(a) is None]
+        if missing:
+            self.notes.append(f"{self.label}: algo: no {', '.join(missing)} (msccl-tools style): defaults used; "
+                              "the executor requires them")
+        gpus: dict[int, GpuProgram] = {}
+        for k, child in enumerate(self.children(root, "gpu", w)):
+            g = self.gpu(child, ngpus, k)
+            if g.rank in gpus:
+                raise self.fail(f"gpu {g.rank}", "id", f"'{g.rank}' is defined twice")
+            gpus[g.rank] = g
+        for r in range(ngpus):
+            if r not in gpus:
+                raise self.fail(w, "ngpus", f"'{ngpus}' but there is no <gpu id=\"{r}\">")
+        return Program(name=name, collective=_READ_COLLS[coll], ngpus=ngpus, nchunksperloop=nchunks,
+                       nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
+                       inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
+                       notes=tuple(self.notes))
+
+
+def _source(source: str | bytes | os.PathLike) -> tuple[str, bytes]:
+    """(label for messages, raw bytes): XML text is recognised by its leading '<'."""
+    if isinstance(source, bytes):
+        return "<xml>", source
+    if isinstance(source, str) and source.lstrip().startswith("<"):
+        return "<xml>", source.encode("utf-8")
+    try:
+        return str(source), Path(source).read_bytes()
+    except FileNotFoundError:
+        raise XmlError(f"{source}: no such XML file") from None
+    except IsADirectoryError:
+        raise XmlError(f"{source}: is a directory, not an XML file") from None
+    except (OSError, TypeError, ValueError) as e:
+        raise XmlError(f"{source}: cannot read: {_one_line(str(e))}") from None
+
+
+def read_xml(source: str | bytes | os.PathLike) -> Program:
+    """A Program from an MSCCL XML file (path) or text. Raises XmlError on anything malformed."""
+    label, data = _source(source)
+    reader = _Reader(label)
+    stripped = data.lstrip()
+    if stripped.startswith(b"<?xml"):
+        reader.notes.append(f"{label}: starts with an XML declaration, which the runtimes' reader rejects")
+    if b"\t" in data:
+        reader.notes.append(f"{label}: contains tabs, which the runtimes' reader rejects")
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, remove_comments=True,
+                             remove_pis=True, huge_tree=False)
+    try:
+        root = etree.fromstring(data, parser)
+    except etree.XMLSyntaxError as e:
+        raise XmlError(f"{label}: line {e.lineno}: not well-formed XML: {_one_line(e.msg)}") from None
+    except (ValueError, TypeError) as e:
+        raise XmlError(f"{label}: not XML: {_one_line(str(e))}") from None
+    if root is None:
+        raise XmlError(f"{label}: empty document")
+    try:
+        return reader.program(root)
+    except XmlError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        raise XmlError(f"{label}: cannot read: {type(e).__name__}: {_one_line(str(e))}") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())

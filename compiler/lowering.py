@@ -1,0 +1,393 @@
+"""Lowering: Schedule -> Program (the MSCCL IR), within the limits of a target runtime.
+
+Pipeline (one function each):
+1. `check_transfers`: every transfer names a chunk of the demand, two ranks and a path of the
+   topology, and sends only what its source holds (schedule order).
+2. `transfer_levels`: a level per transfer, its start epoch raised so that, at each rank and chunk,
+   a send comes after the receive that wrote the value (RAW), and a receive after every earlier
+   send (WAR) and receive (WAW) of that chunk there, all in schedule order.
+3. `parallel_lanes`, `chunk_splits`, `place_moves`: channels. Transfers that a pair of GPUs runs
+   at the same level over a path of parallel links (count > 1) take lanes 0..count-1; with
+   `instances` k every transfer becomes k sub-chunk transfers (chunk*k + i) on k channels; when a
+   thread block would exceed the runtime's step limit, chunks are spread over `split` more channel
+   groups (a whole chunk keeps one group, so its forwards still fuse). chan = i + k*(lane + P*j).
+   Each move then gets a `sub` group: at most slots-1 moves of one level per connection share one.
+4. `lower_rank` (compiler/lowering_tb.py): thread blocks, fused steps, offsets, dependencies.
+5. `fill_remote_fields`: the msccl-xml.md §3 convention for the fields a step does not use.
+6. `check_limits`, then the Program.
+
+Buffers: a source reads its chunk from i[src_index]; a destination keeps it in o[dst_index]; any
+other rank that holds it (a relay, a partial sum) keeps it in scratch, one slot per (rank, chunk),
+never reused. A rank that is a source and a destination of a copy chunk copies i -> o first (in
+the thread block of its first send of it, whose sends then read o). Reduce receipts combine with
+the local value (own input for the first, then the stored partial) read from src.
+
+Why the order is safe. Every step has a key: a send (level, sub, 0, pos), its receive
+(level, sub, 1, pos); a fused op is ordered by its receive and no other op of its thread block lies
+between its two halves. Each thread block runs in key order, and every wait (program order, an
+incoming message, a dependency, a full connection) is on an op with a smaller key: a full
+connection holds `slots` messages, at most slots-2 of them from the blocked send's own group, so
+the oldest came from a smaller group and its receive has a smaller key. The op with the smallest
+key not yet done can therefore always run: no deadlock under bounded slots (msccl-xml.md §7.5).
+The same argument with send-and-receive-at-one-key is why msccl-tools' one global order works.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .collectives import Demand
+from .program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
+from .schedule import Schedule
+from .topology import Topology
+from .lowering_tb import LoweringError, Move, RankCode, Slot, lower_rank
+
+__all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
+
+RUNTIMES = ("all", "executor", "rccl", "old")
+MAX_CHANNELS = 32
+
+
+@dataclass(frozen=True)
+class RuntimeLimits:
+    runtime: str
+    max_steps: int  # steps per thread block, nops included
+    max_tbs: int  # thread blocks per rank
+    tb_reason: str  # why max_tbs
+    sms: int = 0
+    max_channels: int = MAX_CHANNELS
+    max_per_channel: int = 32  # thread blocks with a send (with a recv) peer per channel
+    max_nodes: int = 4095  # 1 + ngpus + ntb + nsteps per rank
+    max_depid: int = 127
+    max_cnt: int = 71
+    max_offset: int = 32767  # offsets are int16
+
+
+def runtime_limits(runtime: str, sms: int = 0) -> RuntimeLimits:
+    """msccl-xml.md §11; 'all' is the strictest of the three. sms > 0 caps thread blocks below the
+    SM count (all blocks must be co-resident)."""
+    table = {"executor": (64, 1023, "executor allows 1023"), "rccl": (64, 63, "rccl allows 63"),
+             "old": (256, 215, "old allows 215"), "all": (64, 63, "rccl allows 63")}
+    if runtime not in table:
+        raise LoweringError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)})")
+    steps, tbs, reason = table[runtime]
+    if 0 < sms <= tbs:
+        tbs, reason = sms - 1, f"the GPU has {sms} SMs and all thread blocks must be co-resident"
+    return RuntimeLimits(runtime, steps, tbs, reason, sms=sms)
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    proto: str = "Simple"
+    instances: int = 1  # copies of the program on separate channels, each on 1/k of every chunk
+    min_bytes: int = 0  # written as minBytes (inclusive)
+    max_bytes: int = 0  # written as maxBytes (inclusive); 0 = no limit (the XML writer makes it finite)
+    runtime: str = "all"  # whose limits to respect: executor, rccl, old, or all (the strictest)
+    name: str | None = None  # default f"{collective}-{topology}-{planner}"
+    inplace: bool | None = None  # None: claim in-place use wherever the program is correct in place
+
+
+def check_options(o: LowerOptions) -> None:
+    if o.proto not in PROTOCOLS:
+        raise LoweringError(f"--proto: {o.proto!r} is not a protocol (known: {', '.join(PROTOCOLS)})")
+    if not isinstance(o.instances, int) or o.instances < 1:
+        raise LoweringError(f"--instances: {o.instances!r} must be a whole number >= 1")
+    if o.instances > MAX_CHANNELS:
+        raise LoweringError(f"--instances: {o.instances} needs {o.instances} channels; MSCCL allows {MAX_CHANNELS}")
+    if o.min_bytes < 0 or o.max_bytes < 0 or (o.max_bytes and o.max_bytes < o.min_bytes):
+        raise LoweringError(f"--size-range: {o.min_bytes}..{o.max_bytes} is not a range of sizes")
+    runtime_limits(o.runtime)
+    if o.name is not None and not re.fullmatch(r"[A-Za-z0-9._:+@-]{1,255}", o.name):
+        raise LoweringError(f"--name: {o.name!r} must be 1-255 letters, digits or . _ : + @ -")
+
+
+# ---- 1-2: checks and levels ----------------------------------------------------------------------
+
+
+def check_transfers(schedule: Schedule, topology: Topology) -> None:
+    demand = schedule.demand
+    if demand.ngpus != topology.ngpus:
+        raise LoweringError(f"lowering: the schedule is for {demand.ngpus} GPUs, topology {topology.name} has "
+                            f"{topology.ngpus}")
+    ids = [c.id for c in demand.chunks]
+    if ids != list(range(len(ids))):
+        raise LoweringError("lowering: demand chunk ids must be 0..n-1 in order")
+    holds = {(s, c.id) for c in demand.chunks for s in c.sources}
+    for k, t in enumerate(schedule.transfers):
+        where = f"lowering: schedule transfer {k} (chunk {t.chunk}, rank {t.src} -> {t.dst})"
+        if not 0 <= t.chunk < len(ids):
+            raise LoweringError(f"{where}: the demand has no chunk {t.chunk}")
+        if not (0 <= t.src < demand.ngpus and 0 <= t.dst < demand.ngpus) or t.src == t.dst:
+            raise LoweringError(f"{where}: needs two different ranks in 0..{demand.ngpus - 1}")
+        if t.reduce and not demand.reduce:
+            raise LoweringError(f"{where}: is a reduction but {demand.collective} reduces nothing")
+        path = t.path
+        if len(path) < 2 or path[0] != t.src or path[-1] != t.dst or any(topology.is_gpu(v) for v in path[1:-1]) \
+                or not all(topology.has_link(a, b) for a, b in zip(path, path[1:])):
+            raise LoweringError(f"{where}: path {list(path)} is not a route of {topology.name}")
+        if (t.src, t.chunk) not in holds:
+            raise LoweringError(f"{where}: rank {t.src} does not hold the chunk yet")
+        holds.add((t.dst, t.chunk))
+
+
+def transfer_levels(schedule: Schedule) -> list[int]:
+    written: dict[tuple[int, int], int] = {}
+    read: dict[tuple[int, int], int] = {}
+    levels = []
+    for t in schedule.transfers:
+        s, d = (t.src, t.chunk), (t.dst, t.chunk)
+        lvl = max(0, t.start, written.get(s, -1) + 1, written.get(d, -1) + 1, read.get(d, -1) + 1)
+        read[s] = max(read.get(s, -1), lvl)
+        written[d] = max(written.get(d, -1), lvl)
+        levels.append(lvl)
+    return levels
+
+
+# ---- 3: channels ---------------------------------------------------------------------------------
+
+
+def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) -> list[int]:
+    """Lane of each transfer: its index among the transfers of its GPU pair and level, modulo the
+    path's parallel link count."""
+    seen: dict[tuple[int, int, int], int] = {}
+    lanes = []
+    for t, lvl in zip(schedule.transfers, levels):
+        count = min(topology.link(a, b).count for a, b in zip(t.path, t.path[1:]))
+        key = (t.src, t.dst, lvl)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        lanes.append(k % max(1, count))
+    return lanes
+
+
+def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, int]:
+    """Channel group of each chunk (0..split-1): greedy, least loaded connection first."""
+    if split == 1:
+        return {}
+    conns: dict[int, list[tuple[int, int, int]]] = {}
+    for t, lane in zip(schedule.transfers, lanes):
+        conns.setdefault(t.chunk, []).append((t.src, t.dst, lane))
+    load: dict[tuple, int] = {}
+    out = {}
+    for c in sorted(conns):
+        def cost(j: int) -> tuple[int, int, int]:
+            loads = [load.get((k, j), 0) for k in conns[c]]
+            return (max(loads), sum(loads), j)
+        j = min(range(split), key=cost)
+        for k in conns[c]:
+            load[(k, j)] = load.get((k, j), 0) + 1
+        out[c] = j
+    return out
+
+
+def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
+                instances: int, slots: int) -> list[Move]:
+    k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
+    seen: dict[tuple[int, int, int, int], int] = {}
+    moves = []
+    for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
+        chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
+        for i in range(k):
+            key = (t.src, t.dst, chan0 + i, lvl)
+            j = seen.get(key, 0)
+            seen[key] = j + 1
+            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group))
+    return moves
+
+
+def first_split(schedule: Schedule, lanes: list[int], max_steps: int) -> int:
+    """Channel groups at least needed: a thread block holds every send of its connection."""
+    per_conn: dict[tuple[int, int, int], int] = {}
+    for t, lane in zip(schedule.transfers, lanes):
+        key = (t.src, t.dst, lane)
+        per_conn[key] = per_conn.get(key, 0) + 1
+    return max(1, math.ceil(max(per_conn.values(), default=0) / max_steps))
+
+
+# ---- 4-6: ranks, remote fields, limits --------------------------------------------------------------
+
+
+def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
+    """Which input and output chunks are the same memory when the call is in place (§10)."""
+    coll = demand.collective
+    if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
+        return lambda s: ("o", s[1]) if s[0] == "i" else s
+    if coll == "allgather":
+        base = rank * demand.input_chunks
+        return lambda s: ("o", base + s[1]) if s[0] == "i" else s
+    if coll == "reduce_scatter":
+        base = rank * demand.output_chunks
+        return lambda s: ("i", base + s[1]) if s[0] == "o" else s
+    return None
+
+
+def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
+    """Sends record where the receiver stores the data, receives where the sender read it."""
+    def step(rank: int, at: tuple[int, int]) -> list:
+        return codes[rank].tbs[at[0]][3][at[1]]
+
+    sent_by = {(code.rank, at): pos for code in codes for pos, at in code.send_at.items()}
+    by_pos = {m.pos: m for m in moves}
+    landing: dict[int, tuple[str, int]] = {}
+
+    def land(pos: int) -> tuple[str, int]:
+        chain = []
+        while pos not in landing:
+            m = by_pos[pos]
+            at = codes[m.dst].recv_at[pos]
+            rs = step(m.dst, at)
+            if rs[0] != "rrs":
+                landing[pos] = (rs[3], rs[4])
+                break
+            chain.append(pos)
+            pos = sent_by[(m.dst, at)]
+        for p in chain:
+            landing[p] = landing[pos]
+        return landing[chain[0] if chain else pos]
+
+    for m in moves:
+        ss = step(m.src, codes[m.src].send_at[m.pos])
+        rs = step(m.dst, codes[m.dst].recv_at[m.pos])
+        if ss[0] in ("s", "rrs"):
+            ss[3], ss[4] = land(m.pos)
+        if rs[0] == "r":
+            rs[1], rs[2] = (ss[3], ss[4]) if ss[0] in ("rcs", "rrcs") else (ss[1], ss[2])
+
+
+def worst_thread_block(codes: list[RankCode]) -> tuple[int, int, int]:
+    """(steps, rank, tb) of the longest thread block."""
+    return max(((len(tb[3]), code.rank, i) for code in codes for i, tb in enumerate(code.tbs)),
+               key=lambda x: (x[0], -x[1], -x[2]), default=(0, 0, 0))
+
+
+def _allows(lim: RuntimeLimits, what: str) -> str:
+    value = {"steps": lim.max_steps, "channels": lim.max_channels, "nodes": lim.max_nodes,
+             "offset": lim.max_offset, "per_channel": lim.max_per_channel}[what]
+    if lim.runtime == "all":
+        return f"--runtime all (the strictest runtime) allows {value}"
+    return f"{lim.runtime} allows {value}"
+
+
+def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, note: str = "") -> None:
+    """Raise LoweringError naming the first limit a rank breaks (msccl-xml.md §11, §16)."""
+    executor = runtime_limits("executor", lim.sms)
+    for g in gpus:
+        r = g.rank
+        if len(g.tbs) > lim.max_tbs:
+            other = " --runtime executor or" if len(g.tbs) <= executor.max_tbs else ""
+            raise LoweringError(f"lowering: rank {r} needs {len(g.tbs)} thread blocks{note}; {lim.tb_reason}; "
+                                f"use{other} fewer --instances/--chunks")
+        for tb in g.tbs:
+            if len(tb.steps) > lim.max_steps:
+                raise LoweringError(f"lowering: rank {r} thread block {tb.id} needs {len(tb.steps)} steps{note}; "
+                                    f"{_allows(lim, 'steps')}; use --runtime old or fewer --chunks")
+            if tb.chan >= lim.max_channels:
+                raise LoweringError(f"lowering: rank {r} needs channel {tb.chan}{note}; {_allows(lim, 'channels')} "
+                                    "channels; use fewer --instances")
+            for s in tb.steps:
+                if s.depid > lim.max_depid or s.cnt > lim.max_cnt:
+                    raise LoweringError(f"lowering: rank {r} thread block {tb.id}: depid {s.depid} / cnt {s.cnt} "
+                                        f"exceed the runtimes' {lim.max_depid} / {lim.max_cnt}")
+        for side in ("send", "recv"):
+            per: dict[int, int] = {}
+            for tb in g.tbs:
+                if getattr(tb, side) >= 0:
+                    per[tb.chan] = per.get(tb.chan, 0) + 1
+            for chan, n in sorted(per.items()):
+                if n > lim.max_per_channel:
+                    raise LoweringError(f"lowering: rank {r} channel {chan} needs {n} thread blocks with a {side} "
+                                        f"peer; {_allows(lim, 'per_channel')}")
+        nodes = 1 + ngpus + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs)
+        if nodes > lim.max_nodes:
+            raise LoweringError(f"lowering: rank {r} needs {nodes} XML nodes (1 + gpus + thread blocks + steps){note}; "
+                                f"{_allows(lim, 'nodes')}; use fewer --chunks/--instances")
+        biggest = max(g.i_chunks, g.o_chunks, g.s_chunks)
+        if biggest - 1 > lim.max_offset:
+            raise LoweringError(f"lowering: rank {r} needs buffer offsets up to {biggest - 1}; "
+                                f"{_allows(lim, 'offset')}; use fewer --chunks/--instances")
+
+
+# ---- the whole stage ---------------------------------------------------------------------------------
+
+
+def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
+    return tuple(
+        GpuProgram(code.rank, demand.input_chunks, demand.output_chunks, code.s_chunks,
+                   tuple(ThreadBlock(i, s, r, ch, tuple(Step(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
+                                                             bool(x[8])) for x in steps))
+                         for i, (s, r, ch, steps) in enumerate(code.tbs)))
+        for code in codes)
+
+
+def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool) -> list[RankCode]:
+    outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
+    ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
+    for m in moves:
+        outs[m.src].append(m)
+        ins[m.dst].append(m)
+    identity: Callable[[Slot], Slot] = lambda s: s
+    codes = [lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity)
+             for r in range(demand.ngpus)]
+    fill_remote_fields(codes, moves)
+    return codes
+
+
+def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions()) -> Program:
+    check_options(options)
+    check_transfers(schedule, topology)
+    lim = runtime_limits(options.runtime, topology.sms)
+    demand = schedule.demand.split(options.instances)
+    levels = transfer_levels(schedule)
+    lanes = parallel_lanes(schedule, topology, levels)
+    can_alias = alias_map(demand, 0) is not None and options.inplace is not False
+    notes: list[str] = []
+    if schedule.topology != topology.name:
+        notes.append(f"lowering: schedule planned for {schedule.topology}, lowered for {topology.name}")
+    per_group = options.instances * (max(lanes, default=0) + 1)  # channels in one channel group
+    most = MAX_CHANNELS // per_group
+    if most < 1:
+        raise LoweringError(f"lowering: {options.instances} instances x {per_group // options.instances} parallel "
+                            f"lanes need {per_group} channels; MSCCL allows {MAX_CHANNELS}; use fewer --instances")
+    split = min(most, first_split(schedule, lanes, lim.max_steps))
+    while True:
+        moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
+                            SLOTS[options.proto])
+        codes = _lower_ranks(moves, demand, can_alias)
+        if can_alias and options.inplace is None and not all(c.inplace_ok for c in codes):
+            can_alias = False  # not usable in place anyway: drop the dependencies aliasing adds
+            codes = _lower_ranks(moves, demand, False)
+        worst, rank, tb = worst_thread_block(codes)
+        if worst <= lim.max_steps:
+            break
+        if split == most:
+            raise LoweringError(f"lowering: rank {rank} thread block {tb} needs {worst} steps with {split * per_group} "
+                                f"channels; {_allows(lim, 'steps')}, and MSCCL allows {MAX_CHANNELS} channels; "
+                                "use --runtime old or fewer --chunks")
+        split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
+    if split > 1:
+        notes.append(f"lowering: chunks spread over {split} channel groups to keep thread blocks within "
+                     f"{lim.max_steps} steps")
+    inplace_ok = can_alias and all(c.inplace_ok for c in codes)
+    if options.inplace and not inplace_ok:
+        bad = next((c.rank for c in codes if not c.inplace_ok), 0)
+        raise LoweringError(f"lowering: rank {bad} overwrites part of its input before reading it, so the program "
+                            "cannot run in place; drop --inplace")
+    gpus = _gpus(codes, demand)
+    check_limits(gpus, lim, demand.ngpus, f" (with {split} channel groups)" if split > 1 else "")
+    name = options.name or re.sub(r"[^A-Za-z0-9._:+@-]", "_",
+                                  f"{demand.collective}-{topology.name}-{schedule.planner}")[:255]
+    if inplace_ok:
+        notes.append("lowering: every input chunk is read before anything overwrites it: usable in place")
+    accepts = {"old": "custom", "executor": "gather scatter", "rccl": "gather scatter", "all": ""}[lim.runtime]
+    if demand.collective in ("custom", "gather", "scatter") and demand.collective not in accepts.split():
+        notes.append(f"lowering: no MSCCL coll={demand.collective} in --runtime {lim.runtime} (legacy has custom, "
+                     "executor and RCCL gather/scatter)")
+    return Program(
+        name=name, collective=demand.collective, ngpus=demand.ngpus,
+        nchunksperloop=max(1, demand.input_chunks, demand.output_chunks),
+        nchannels=max((tb.chan for g in gpus for tb in g.tbs), default=0) + 1, gpus=gpus, proto=options.proto,
+        inplace=inplace_ok, outofplace=True, min_bytes=options.min_bytes, max_bytes=options.max_bytes,
+        notes=tuple(notes))

@@ -1,0 +1,303 @@
+"""Code generation for one rank: thread blocks, fused steps, buffer offsets and dependencies.
+
+Input: the rank's moves (transfers after channel assignment, see compiler/lowering.py), each with a
+key. The keys of all ranks form one global order; a move's send and its receive have keys that
+differ only in the side bit (send first). Every thread block runs its steps in key order, which is
+what makes the program deadlock free (see lowering.py, "Why the order is safe").
+
+Per rank:
+1. ops: S (send of a move), R (receive of a move), C (local copy i -> o, key before everything);
+2. thread blocks: one per (send peer, recv peer, channel); per channel the send and receive
+   connections are paired to maximise forwards that can fuse, then same-peer pairs, then the rest;
+3. fusion: R followed directly in its tb by an S of the value it wrote becomes rcs / rrcs / rrs;
+4. steps are emitted in key order (a fused op at its receive's key); each step waits on the last
+   writer of every slot it reads and, for a slot it writes, on that slot's last writer and readers
+   in other thread blocks (RAW, WAW, WAR). Waits already implied by earlier waits (vector clocks)
+   are dropped; the rest become nops before the step, the step carrying the last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .collectives import Demand
+from .errors import CompileError
+
+Slot = tuple[str, int]  # (buffer, chunk offset)
+CONSUMED = ("-", -1)  # a partial sent by rrs and stored nowhere
+
+
+class LoweringError(CompileError):
+    """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """One GPU-to-GPU transfer as the lowering places it."""
+
+    pos: int  # index in the (instance-expanded) schedule order
+    chunk: int
+    src: int
+    dst: int
+    reduce: bool
+    level: int  # data-dependency level (lowering.py): sends and receives are ordered by it
+    chan: int
+    sub: int = 0  # splits a level on one connection so no more than slots-1 share one group
+
+    @property
+    def send_key(self) -> tuple[int, int, int, int]:
+        return (self.level, self.sub, 0, self.pos)
+
+    @property
+    def recv_key(self) -> tuple[int, int, int, int]:
+        return (self.level, self.sub, 1, self.pos)
+
+
+class _Op:
+    __slots__ = ("kind", "key", "move", "chunk", "tb", "prev_write")
+
+    def __init__(self, kind: str, key: tuple, move: Move | None, chunk: int):
+        self.kind, self.key, self.move, self.chunk = kind, key, move, chunk
+        self.tb = -1
+        self.prev_write: _Op | None = None  # for S: the op that last wrote the value it sends
+
+
+@dataclass
+class RankCode:
+    rank: int
+    tbs: list[tuple[int, int, int, list[list]]]  # (send, recv, chan, steps as mutable lists)
+    s_chunks: int
+    inplace_ok: bool
+    send_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that sends it
+    recv_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that receives it
+
+
+def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
+                       weights: dict[tuple[int, int, int], int]) -> list[tuple[int, int, int]]:
+    """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
+    weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb."""
+    tbs = []
+    for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
+        free_s = {p for c, p in sends if c == chan}
+        free_r = {p for c, p in recvs if c == chan}
+        ranked = sorted((-w, a, d) for (c, a, d), w in weights.items() if c == chan and w > 0)
+        for _, a, d in ranked:
+            if a in free_r and d in free_s:
+                tbs.append((d, a, chan))
+                free_r.discard(a)
+                free_s.discard(d)
+        for p in sorted(free_s & free_r):
+            tbs.append((p, p, chan))
+        rest_s, rest_r = sorted(free_s - free_r), sorted(free_r - free_s)
+        for i in range(max(len(rest_s), len(rest_r))):
+            tbs.append((rest_s[i] if i < len(rest_s) else -1, rest_r[i] if i < len(rest_r) else -1, chan))
+    return sorted(tbs)
+
+
+class _Emitter:
+    """Appends steps to thread blocks and derives their dependencies."""
+
+    def __init__(self, ntb: int, alias: Callable[[Slot], Slot]):
+        self.steps: list[list[list]] = [[] for _ in range(ntb)]
+        self.known = [[-1] * ntb for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
+        self.snap: dict[tuple[int, int], list[int]] = {}
+        self.alias = alias
+        self.writer: dict[Slot, tuple[int, int]] = {}
+        self.readers: dict[Slot, list[tuple[int, int]]] = {}
+        self.clobbered: set[Slot] = set()
+        self.inplace_ok = True
+
+    def emit(self, tb: int, kind: str, src: Slot, dst: Slot, reads: tuple[Slot, ...],
+             writes: tuple[Slot, ...], clobbers: bool = True) -> int:
+        """Append a step (after the nops its dependencies need); returns its index. A write that
+        does not clobber (an in-place self-copy) still orders other accesses to the slot."""
+        need: dict[int, int] = {}
+
+        def want(target: tuple[int, int] | None) -> None:
+            if target is not None and target[0] != tb and need.get(target[0], -1) < target[1]:
+                need[target[0]] = target[1]
+
+        reads_n = [self.alias(s) for s in reads]
+        writes_n = [self.alias(s) for s in writes]
+        for s in reads_n:
+            want(self.writer.get(s))
+        for s in writes_n:
+            want(self.writer.get(s))
+            for r in self.readers.get(s, ()):
+                want(r)
+        known = self.known[tb]
+        deps = sorted((d, k) for d, k in need.items() if known[d] < k)
+        steps = self.steps[tb]
+        for d, k in deps[:-1]:
+            steps.append(["nop", "o", -1, "o", -1, 0, d, k, 0])
+        depid, depstep = deps[-1] if deps else (-1, -1)
+        for d, k in deps:
+            self.steps[d][k][8] = 1  # hasdep on the target
+            known[:] = [max(a, b) for a, b in zip(known, self.snap[(d, k)])]
+        idx = len(steps)
+        steps.append([kind, src[0], src[1], dst[0], dst[1], 1, depid, depstep, 0])
+        known[tb] = idx
+        self.snap[(tb, idx)] = list(known)
+        for s, orig in zip(reads_n, reads):
+            if orig[0] == "i" and s in self.clobbered:
+                self.inplace_ok = False
+            self.readers.setdefault(s, []).append((tb, idx))
+        for s in writes_n:
+            self.writer[s] = (tb, idx)
+            self.readers[s] = []
+            if clobbers:
+                self.clobbered.add(s)
+        return idx
+
+
+def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
+               alias: Callable[[Slot], Slot]) -> RankCode:
+    chunks = demand.chunks
+    ops = [_Op("S", m.send_key, m, m.chunk) for m in moves_out]
+    ops += [_Op("R", m.recv_key, m, m.chunk) for m in moves_in]
+    received = {m.chunk for m in moves_in}
+    for c in chunks:
+        if rank in c.sources and rank in c.dests and (not demand.reduce or c.id not in received):
+            ops.append(_Op("C", (-1, 0, 0, c.id), None, c.id))
+    ops.sort(key=lambda o: o.key)
+
+    # per-chunk history and forward relations (which receive wrote the value a send reads)
+    by_chunk: dict[int, list[_Op]] = {}
+    for op in ops:
+        by_chunk.setdefault(op.chunk, []).append(op)
+    weights: dict[tuple[int, int, int], int] = {}
+    for history in by_chunk.values():
+        last = None
+        for op in history:
+            if op.kind == "S":
+                op.prev_write = last
+                if last is not None and last.kind == "R" and last.move.chan == op.move.chan:
+                    k = (op.move.chan, last.move.src, op.move.dst)
+                    weights[k] = weights.get(k, 0) + 1
+            else:
+                last = op
+
+    # thread blocks
+    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind == "S"}
+    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind == "R"}
+    tbs = pair_thread_blocks(sends, recvs, weights)
+    if not tbs and any(o.kind == "C" for o in ops):
+        tbs = [(-1, -1, 0)]
+    send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(tbs) if s >= 0}
+    recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(tbs) if r >= 0}
+    load = [0] * len(tbs)
+    for op in ops:
+        if op.kind == "S":
+            op.tb = send_tb[(op.move.chan, op.move.dst)]
+        elif op.kind == "R":
+            op.tb = recv_tb[(op.move.chan, op.move.src)]
+        if op.tb >= 0:
+            load[op.tb] += 1
+    cpy_tb: dict[int, int] = {}
+    for op in ops:
+        if op.kind == "C":
+            first_send = next((o for o in by_chunk[op.chunk] if o.kind == "S"), None)
+            op.tb = first_send.tb if first_send else min(range(len(tbs)), key=lambda t: (load[t], t))
+            load[op.tb] += 1
+            cpy_tb[op.chunk] = op.tb
+
+    # fusion: a receive followed in its tb by a send of the value it wrote
+    per_tb: list[list[_Op]] = [[] for _ in tbs]
+    for op in ops:
+        per_tb[op.tb].append(op)
+    units: list[tuple[tuple, int, list[_Op]]] = []
+    for t, lst in enumerate(per_tb):
+        i = 0
+        while i < len(lst):
+            op = lst[i]
+            nxt = lst[i + 1] if i + 1 < len(lst) else None
+            if op.kind == "R" and nxt is not None and nxt.kind == "S" and nxt.prev_write is op:
+                units.append((op.key, t, [op, nxt]))
+                i += 2
+            else:
+                units.append((op.key, t, [op]))
+                i += 1
+    units.sort(key=lambda u: u[0])
+
+    # emission in key order
+    src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in chunks if rank in c.sources}
+    dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in chunks if rank in c.dests}
+    cur: dict[int, Slot | None] = {}
+    if not demand.reduce:
+        cur = {c: ("i", i) for c, i in src_idx.items()}
+    scratch: dict[int, int] = {}
+    em = _Emitter(len(tbs), alias)
+    send_at: dict[int, tuple[int, int]] = {}
+    recv_at: dict[int, tuple[int, int]] = {}
+
+    def landing(c: int) -> Slot:
+        if c in dst_idx:
+            return ("o", dst_idx[c])
+        if c not in scratch:
+            scratch[c] = len(scratch)
+        return ("s", scratch[c])
+
+    def operand(c: int) -> Slot | None:
+        """The local value a reduce receipt combines with (None: nothing to combine)."""
+        v = cur.get(c)
+        if v is None and demand.reduce and c in src_idx:
+            return ("i", src_idx[c])
+        if v == CONSUMED:
+            raise LoweringError(f"lowering: rank {rank} chunk {c}: a partial sum is used after it was forwarded")
+        return v
+
+    def needed_later(op: _Op, skip: _Op) -> bool:
+        """Whether the value `op` writes is read later at this rank (or is the rank's output)."""
+        history = by_chunk[op.chunk]
+        for later in history[history.index(op) + 1:]:
+            if later is skip:
+                continue
+            if later.kind == "S" or (later.kind == "R" and later.move.reduce):
+                return True
+            if later.kind == "R":
+                return False
+        return op.chunk in dst_idx
+
+    for _, t, unit in units:
+        op = unit[0]
+        c = op.chunk
+        if op.kind == "C":
+            src, dst = ("i", src_idx[c]), ("o", dst_idx[c])
+            em.emit(t, "cpy", src, dst, (src,), (dst,), clobbers=alias(src) != alias(dst))
+            if demand.reduce:
+                cur[c] = dst
+        elif op.kind == "S":
+            v = operand(c) if demand.reduce else cur.get(c)
+            if v is None:
+                raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {rank} sends chunk {c} "
+                                    "before it holds it")
+            if not demand.reduce and v == ("i", src_idx.get(c)) and cpy_tb.get(c) == t:
+                v = ("o", dst_idx[c])
+            send_at[op.move.pos] = (t, em.emit(t, "s", v, ("o", -1), (v,), ()))
+        else:
+            local = operand(c) if op.move.reduce else None
+            fused = unit[1] if len(unit) == 2 else None
+            if fused is None:
+                d = landing(c)
+                if local is None:
+                    idx = em.emit(t, "r", ("o", -1), d, (), (d,))
+                else:
+                    idx = em.emit(t, "rrc", local, d, (local,), (d,))
+                cur[c] = d
+            elif local is None:
+                d = landing(c)
+                idx = em.emit(t, "rcs", d, d, (), (d,))
+                cur[c] = d
+            elif needed_later(op, fused):
+                d = landing(c)
+                idx = em.emit(t, "rrcs", local, d, (local,), (d,))
+                cur[c] = d
+            else:
+                idx = em.emit(t, "rrs", local, ("o", -1), (local,), ())
+                cur[c] = CONSUMED
+            recv_at[op.move.pos] = (t, idx)
+            if fused is not None:
+                send_at[fused.move.pos] = (t, idx)
+    return RankCode(rank, [(s, r, ch, em.steps[i]) for i, (s, r, ch) in enumerate(tbs)], len(scratch),
+                    em.inplace_ok, send_at, recv_at)
