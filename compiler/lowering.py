@@ -88,6 +88,7 @@ class LowerOptions:
     runtime: str = "all"  # whose limits to respect: executor, rccl, old, or all (the strictest)
     name: str | None = None  # default f"{collective}-{topology}-{planner}"
     inplace: bool | None = None  # None: claim in-place use wherever the program is correct in place
+    pace: bool = True  # each GPU feeds an outgoing link in schedule order (the order the planner timed)
 
 
 def check_options(o: LowerOptions) -> None:
@@ -184,7 +185,7 @@ def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, 
 
 
 def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
-                instances: int, slots: int) -> list[Move]:
+                instances: int, slots: int, topology: Topology) -> list[Move]:
     k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
     seen: dict[tuple[int, int, int, int], int] = {}
     moves = []
@@ -194,7 +195,10 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
             key = (t.src, t.dst, chan0 + i, lvl)
             j = seen.get(key, 0)
             seen[key] = j + 1
-            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group))
+            first = topology.link_id(t.path[0], t.path[1])
+            slow = topology.path_bandwidth(t.path) < topology.fastest_bandwidth
+            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group,
+                              (first, chan0 + i), slow))
     return moves
 
 
@@ -322,14 +326,14 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
         for code in codes)
 
 
-def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool) -> list[RankCode]:
+def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: bool) -> list[RankCode]:
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     for m in moves:
         outs[m.src].append(m)
         ins[m.dst].append(m)
     identity: Callable[[Slot], Slot] = lambda s: s
-    codes = [lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity)
+    codes = [lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity, pace)
              for r in range(demand.ngpus)]
     fill_remote_fields(codes, moves)
     return codes
@@ -354,11 +358,11 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     split = min(most, first_split(schedule, lanes, lim.max_steps))
     while True:
         moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
-                            SLOTS[options.proto])
-        codes = _lower_ranks(moves, demand, can_alias)
+                            SLOTS[options.proto], topology)
+        codes = _lower_ranks(moves, demand, can_alias, options.pace)
         if can_alias and options.inplace is None and not all(c.inplace_ok for c in codes):
             can_alias = False  # not usable in place anyway: drop the dependencies aliasing adds
-            codes = _lower_ranks(moves, demand, False)
+            codes = _lower_ranks(moves, demand, False, options.pace)
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
             break

@@ -44,6 +44,8 @@ class Move:
     level: int  # data-dependency level (lowering.py): sends and receives are ordered by it
     chan: int
     sub: int = 0  # splits a level on one connection so no more than slots-1 share one group
+    lane: tuple[int, int] = (-1, -1)  # (first link of the path, channel): sends on one lane are paced
+    slow: bool = False  # the path is slower than the fastest link (its receive waits many epochs)
 
     @property
     def send_key(self) -> tuple[int, int, int, int]:
@@ -74,13 +76,20 @@ class RankCode:
 
 
 def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
-                       weights: dict[tuple[int, int, int], int]) -> list[tuple[int, int, int]]:
+                       weights: dict[tuple[int, int, int], int],
+                       slow: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
-    weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb."""
+    weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. A receive
+    over a slow path (in `slow`) gets a thread block of its own: sends placed behind it in a shared
+    thread block would wait many epochs for it."""
     tbs = []
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
         free_r = {p for c, p in recvs if c == chan}
+        for p in sorted(free_r):
+            if (chan, p) in slow:
+                tbs.append((-1, p, chan))
+                free_r.discard(p)
         ranked = sorted((-w, a, d) for (c, a, d), w in weights.items() if c == chan and w > 0)
         for _, a, d in ranked:
             if a in free_r and d in free_s:
@@ -109,14 +118,17 @@ class _Emitter:
         self.inplace_ok = True
 
     def emit(self, tb: int, kind: str, src: Slot, dst: Slot, reads: tuple[Slot, ...],
-             writes: tuple[Slot, ...], clobbers: bool = True) -> int:
+             writes: tuple[Slot, ...], clobbers: bool = True, after: tuple[int, int] | None = None) -> int:
         """Append a step (after the nops its dependencies need); returns its index. A write that
-        does not clobber (an in-place self-copy) still orders other accesses to the slot."""
+        does not clobber (an in-place self-copy) still orders other accesses to the slot. `after`
+        is one more step to wait for (send pacing)."""
         need: dict[int, int] = {}
 
         def want(target: tuple[int, int] | None) -> None:
             if target is not None and target[0] != tb and need.get(target[0], -1) < target[1]:
                 need[target[0]] = target[1]
+
+        want(after)
 
         reads_n = [self.alias(s) for s in reads]
         writes_n = [self.alias(s) for s in writes]
@@ -152,7 +164,10 @@ class _Emitter:
 
 
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
-               alias: Callable[[Slot], Slot]) -> RankCode:
+               alias: Callable[[Slot], Slot], pace: bool = True) -> RankCode:
+    """With `pace`, a send waits for the previous send on the same outgoing link and channel, so
+    the GPU feeds each link in the schedule's order, one transfer at a time, as the planner timed
+    it; without it, concurrent thread blocks share the link in whatever order they run."""
     chunks = demand.chunks
     ops = [_Op("S", m.send_key, m, m.chunk) for m in moves_out]
     ops += [_Op("R", m.recv_key, m, m.chunk) for m in moves_in]
@@ -181,7 +196,8 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     # thread blocks
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind == "S"}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind == "R"}
-    tbs = pair_thread_blocks(sends, recvs, weights)
+    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind == "R" and o.move.slow)
+    tbs = pair_thread_blocks(sends, recvs, weights, slow)
     if not tbs and any(o.kind == "C" for o in ops):
         tbs = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(tbs) if s >= 0}
@@ -259,6 +275,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                 return False
         return op.chunk in dst_idx
 
+    last_send: dict[tuple[int, int], tuple[int, int]] = {}
     for _, t, unit in units:
         op = unit[0]
         c = op.chunk
@@ -274,10 +291,13 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                                     "before it holds it")
             if not demand.reduce and v == ("i", src_idx.get(c)) and cpy_tb.get(c) == t:
                 v = ("o", dst_idx[c])
-            send_at[op.move.pos] = (t, em.emit(t, "s", v, ("o", -1), (v,), ()))
+            idx = em.emit(t, "s", v, ("o", -1), (v,), (), after=last_send.get(op.move.lane) if pace else None)
+            send_at[op.move.pos] = (t, idx)
+            last_send[op.move.lane] = (t, idx)
         else:
             local = operand(c) if op.move.reduce else None
             fused = unit[1] if len(unit) == 2 else None
+            after = last_send.get(fused.move.lane) if pace and fused is not None else None
             if fused is None:
                 d = landing(c)
                 if local is None:
@@ -287,17 +307,18 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                 cur[c] = d
             elif local is None:
                 d = landing(c)
-                idx = em.emit(t, "rcs", d, d, (), (d,))
+                idx = em.emit(t, "rcs", d, d, (), (d,), after=after)
                 cur[c] = d
             elif needed_later(op, fused):
                 d = landing(c)
-                idx = em.emit(t, "rrcs", local, d, (local,), (d,))
+                idx = em.emit(t, "rrcs", local, d, (local,), (d,), after=after)
                 cur[c] = d
             else:
-                idx = em.emit(t, "rrs", local, ("o", -1), (local,), ())
+                idx = em.emit(t, "rrs", local, ("o", -1), (local,), (), after=after)
                 cur[c] = CONSUMED
             recv_at[op.move.pos] = (t, idx)
             if fused is not None:
                 send_at[fused.move.pos] = (t, idx)
+                last_send[fused.move.lane] = (t, idx)
     return RankCode(rank, [(s, r, ch, em.steps[i]) for i, (s, r, ch) in enumerate(tbs)], len(scratch),
                     em.inplace_ok, send_at, recv_at)

@@ -311,7 +311,8 @@ def test_too_many_thread_blocks_is_one_clear_line(topo):
     with pytest.raises(LoweringError) as e:
         lower(s, t, LowerOptions(instances=3))
     msg = _one_line(e.value)
-    assert "rank 0 needs 93 thread blocks" in msg and "rccl allows 63" in msg
+    need = int(re.search(r"rank 0 needs (\d+) thread blocks", msg).group(1))
+    assert need >= 31 * 3 and "rccl allows 63" in msg  # one send peer per tb: 31 peers on 3 channels
     with pytest.raises(LoweringError, match="80 SMs"):
         lower(s, t, LowerOptions(instances=3, runtime="executor"))
 
