@@ -17,10 +17,13 @@ from .bounds import busbw, lower_bound
 from .collectives import COLLECTIVES, _ALIASES
 from .errors import CompileError
 from .profiles import list_profiles, load_topology
+from .program import PROTOCOLS
+from .verify import RUNTIMES as _VERIFY_RUNTIMES
 from .topology import Topology
 from .units import format_size, format_time, parse_size
 
 PROG = "msccl-compile"
+RUNTIMES = ("all",) + _VERIFY_RUNTIMES
 
 
 class ArgumentError(CompileError):
@@ -45,6 +48,14 @@ def positive_int(field: str):
             raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
         return value
     return parse
+
+
+def size_range_arg(text: str) -> tuple[int, int]:
+    from .units import parse_size_range
+    try:
+        return parse_size_range(text, field="")
+    except CompileError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def size_arg(text: str) -> int:
@@ -204,6 +215,58 @@ def plan_options(args):
                        progress=Progress(sys.stderr.isatty() and not args.verbose))
 
 
+def default_xml_name(demand, topo: Topology) -> str:
+    nodes = f"-n{topo.nodes}" if topo.nodes > 1 else ""
+    return f"{demand.collective.replace('_', '-')}-{topo.profile.replace(':', '')}{nodes}.xml"
+
+
+def runtimes_for(collective: str, requested: str) -> tuple[str, ...]:
+    """Runtimes a program is verified for: 'all' means every runtime that has the collective
+    (legacy MSCCL has no scatter or gather; only legacy has custom)."""
+    if requested != "all":
+        return (requested,)
+    if collective in ("scatter", "gather"):
+        return ("executor", "rccl")
+    if collective == "custom":
+        return ("old",)
+    return ("all",)
+
+
+def lower_and_write(args, schedule, topo: Topology, metrics) -> dict:
+    """Lower, verify, write the XML (and the legacy reduce_scatter twin); returns JSON fields."""
+    from backends.msccl_xml import save_xml, to_xml
+    from .lowering import LowerOptions, lower
+    from .simulate_program import time_program
+    from .verify import verify
+    if any(t.group >= 0 for t in schedule.transfers):
+        return {"xml": None, "verified": None,
+                "xml_skipped": "switch multicast (NVLS) has no MSCCL XML form; plan without --multicast to get XML"}
+    lo, hi = args.size_range if args.size_range else (0, 0)
+    options = LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo,
+                           max_bytes=hi - 1 if hi else 0, runtime=args.runtime)
+    program = lower(schedule, topo, options)
+    for runtime in runtimes_for(program.collective, args.runtime):
+        verdict = verify(program, runtime, demand=schedule.demand.split(args.instances), sms=topo.sms)
+        if not verdict.ok:
+            raise CompileError(f"internal: the lowered program failed verification for {runtime} "
+                               f"({verdict.summary()}); please report this with --schedule-out")
+    path = args.output or default_xml_name(schedule.demand, topo)
+    verified_for = runtimes_for(program.collective, args.runtime)
+    runtime = "executor" if args.runtime == "all" and verified_for != ("old",) else verified_for[0]
+    save_xml(program, path, runtime)
+    written = [path]
+    if program.collective == "reduce_scatter" and args.runtime == "all":
+        legacy = path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
+        save_xml(program, legacy, "old")
+        written.append(legacy)
+    timing = time_program(program, topo, schedule.demand.size_bytes)
+    return {"xml": path, "xml_files": written, "verified": True, "runtime": args.runtime,
+            "verified_for": list(verified_for),
+            "nchannels": program.nchannels, "nthreadblocks_max": program.nthreadblocks_max,
+            "nsteps_max": program.nsteps_max, "proto": program.proto,
+            "program_time_s": timing.finish_time_s, "program_algbw_GBps": timing.algbw / 1e9}
+
+
 def cmd_collective(args) -> int:
     from .planners import plan
     from .simulate import simulate
@@ -211,6 +274,7 @@ def cmd_collective(args) -> int:
     demand = build_demand(args, topo)
     schedule = plan(topo, demand, plan_options(args))
     metrics = simulate(topo, schedule)
+    xml = {"xml": None, "verified": None} if args.no_xml else lower_and_write(args, schedule, topo, metrics)
     if args.schedule_out:
         schedule.save(args.schedule_out)
     out = {
@@ -223,7 +287,7 @@ def cmd_collective(args) -> int:
         "bound_ratio": metrics.bound_ratio, "output_buffer_bytes": metrics.output_buffer_bytes,
         "scratch_bytes": metrics.scratch_bytes, "ntransfers": len(schedule.transfers),
         "lp_value_s": schedule.lp_value, "notes": list(schedule.notes),
-        "schedule": args.schedule_out,
+        "schedule": args.schedule_out, **xml,
     }
     if args.json:
         emit_json(out)
@@ -242,8 +306,66 @@ def cmd_collective(args) -> int:
           + (f", scratch {format_size(metrics.scratch_bytes)}" if metrics.scratch_bytes else ""))
     for note in schedule.notes:
         print(f"  {note}")
+    if xml.get("xml"):
+        print(f"wrote {', '.join(xml['xml_files'])} (verified for {'/'.join(xml['verified_for'])}; {xml['nchannels']} "
+              f"channel{'s' if xml['nchannels'] > 1 else ''}, up to {xml['nthreadblocks_max']} thread blocks and "
+              f"{xml['nsteps_max']} steps per block); as a program: {format_time(xml['program_time_s'])}, "
+              f"algbw {xml['program_algbw_GBps']:.2f} GB/s")
+    elif xml.get("xml_skipped"):
+        print(f"no XML: {xml['xml_skipped']}")
     if args.schedule_out:
         print(f"schedule written to {args.schedule_out}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from backends.msccl_xml import read_xml
+    from .collectives import load_custom_demand
+    from .verify import verify
+    program = read_xml(args.file)
+    demand = None
+    if args.demand:
+        demand = load_custom_demand(args.demand, program.ngpus, program.nchunksperloop)
+    verdict = verify(program, args.runtime, demand=demand)
+    if args.json:
+        emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
+                   "collective": program.collective, "ngpus": program.ngpus,
+                   "findings": [{"rule": f.rule, "rank": f.rank, "tb": f.tb, "step": f.step, "message": f.message}
+                                for f in verdict.findings]})
+    else:
+        if verdict.ok:
+            print(f"{args.file}: correct for runtime {args.runtime} ({program.collective}, {program.ngpus} GPUs, "
+                  f"{program.nthreadblocks_max} thread blocks, {program.nsteps_max} steps per block at most)")
+        else:
+            print(f"{args.file}: {len(verdict.findings)} problem{'s' if len(verdict.findings) > 1 else ''} "
+                  f"for runtime {args.runtime}")
+            for f in verdict.findings[:args.max_findings]:
+                print(f"  [{f.rule}] {f.message}")
+            if len(verdict.findings) > args.max_findings:
+                print(f"  ... and {len(verdict.findings) - args.max_findings} more (--json lists all)")
+    return 0 if verdict.ok else 1
+
+
+def cmd_simulate(args) -> int:
+    from backends.msccl_xml import read_xml
+    from .simulate_program import time_program
+    program = read_xml(args.file)
+    topo = load_topology(args.hw, args.nodes)
+    timing = time_program(program, topo, args.size)
+    out = {"file": args.file, "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
+           "collective": program.collective, "size_bytes": args.size, "time_s": timing.finish_time_s,
+           "algbw_GBps": timing.algbw / 1e9, "ntransfers": timing.ntransfers}
+    if program.collective in COLLECTIVES:
+        bound = lower_bound(topo, program.collective, args.size)
+        out.update(busbw_GBps=busbw(program.collective, topo.ngpus, timing.algbw) / 1e9,
+                   lower_bound_s=bound.time_s, bound_ratio=bound.time_s / timing.finish_time_s)
+    if args.json:
+        emit_json(out)
+        return 0
+    print(f"{args.file}: {program.collective} on {topo.name} ({topo.ngpus} GPUs) at {format_size(args.size)}: "
+          f"{format_time(timing.finish_time_s)}, algbw {out['algbw_GBps']:.2f} GB/s"
+          + (f", busbw {out['busbw_GBps']:.2f} GB/s; {out['bound_ratio']:.3f} of the lower bound "
+             f"{format_time(out['lower_bound_s'])}" if "bound_ratio" in out else ""))
     return 0
 
 
@@ -279,6 +401,16 @@ def add_collective(p, name: str) -> None:
     p.add_argument("--schedule-out", metavar="FILE", help="write the schedule as JSON")
     p.add_argument("--demand", metavar="FILE", help="custom demand JSON (collective 'custom')")
     p.add_argument("--verbose", action="store_true", help="forward the solver log to stderr")
+    p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
+    p.add_argument("--no-xml", action="store_true", help="plan and simulate only")
+    p.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="MSCCL protocol (default Simple)")
+    p.add_argument("--instances", type=positive_int("--instances"), default=1,
+                   help="copies of the algorithm on separate channels, each on 1/N of every chunk")
+    p.add_argument("--size-range", type=size_range_arg, metavar="LO:HI",
+                   help="sizes [LO, HI) the runtime may use this file for (minBytes/maxBytes)")
+    p.add_argument("--runtime", choices=RUNTIMES, default="all",
+                   help="runtime whose limits to meet: executor (msccl-executor-nccl), old (microsoft/msccl), "
+                        "rccl, or all (default)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_collective, collective=name)
 
@@ -318,6 +450,25 @@ def _bound(p):
     p.add_argument("--root", type=int, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_bound)
+
+
+@command("verify", "check an MSCCL XML file: contract rules, deadlock under bounded slots, the result")
+def _verify(p):
+    p.add_argument("file", metavar="FILE.xml")
+    p.add_argument("--runtime", choices=RUNTIMES, default="all")
+    p.add_argument("--demand", metavar="FILE", help="custom demand JSON (for coll=custom)")
+    p.add_argument("--max-findings", type=positive_int("--max-findings"), default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_verify)
+
+
+@command("simulate", "time an MSCCL XML file (ours or another tool's) under the alpha-beta model")
+def _simulate(p):
+    p.add_argument("file", metavar="FILE.xml")
+    add_hw(p)
+    p.add_argument("--size", type=size_arg, default=10**9, help="size as nccl-tests counts it (default 1GB)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_simulate)
 
 
 def build_parser() -> Parser:

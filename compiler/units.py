@@ -29,12 +29,13 @@ def parse_size(text: str, field: str = "--size") -> int:
 
 def parse_size_range(text: str, field: str = "--sizes") -> tuple[int, int]:
     """'1KB:1GB' -> (1000, 10**9)."""
+    where = f"{field}: " if field else ""
     parts = str(text).split(":")
     if len(parts) != 2:
-        raise CompileError(f"{field}: {text!r} is not a range LO:HI (example: 1KB:1GB)")
+        raise CompileError(f"{where}{text!r} is not a range LO:HI (example: 1KB:1GB)")
     lo, hi = parse_size(parts[0], field), parse_size(parts[1], field)
     if lo > hi:
-        raise CompileError(f"{field}: {text!r} has LO above HI")
+        raise CompileError(f"{where}{text!r} has LO above HI")
     return lo, hi
 
 

@@ -1,0 +1,102 @@
+"""The command line end to end: plan, simulate, lower, verify, write; verify and simulate files."""
+
+import json
+
+import pytest
+from lxml import etree
+
+from backends.msccl_xml import read_xml
+from compiler.verify import verify
+from tests.conftest import run_cli
+
+ISSUE3_KEYS = {"collective", "hw", "nodes", "ngpus", "size_bytes", "chunks", "method", "status", "solve_time_s",
+               "epochs", "transfer_time_s", "algbw_GBps", "busbw_GBps", "lower_bound_s", "bound_ratio",
+               "output_buffer_bytes"}
+ISSUE4_KEYS = {"xml", "nchannels", "nthreadblocks_max", "nsteps_max", "verified"}
+
+
+def compile_json(tmp_path, *args):
+    proc = run_cli(*args, "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_allgather_dgx2_json_and_files(tmp_path):
+    out = compile_json(tmp_path, "allgather", "--hw", "dgx2", "--schedule-out", "s.json")
+    assert ISSUE3_KEYS | ISSUE4_KEYS <= set(out)
+    assert out["ngpus"] == 16 and out["verified"] is True and out["bound_ratio"] >= 0.99
+    xml = tmp_path / out["xml"]
+    assert xml.name == "allgather-dgx2.xml" and (tmp_path / "s.json").is_file()
+    etree.fromstring(xml.read_bytes())
+    program = read_xml(str(xml))
+    assert verify(program).ok
+    assert program.nthreadblocks_max == out["nthreadblocks_max"] and program.nsteps_max == out["nsteps_max"]
+    # the simulate command times the written file like the compile command did
+    sim = compile_json(tmp_path, "simulate", out["xml"], "--hw", "dgx2", "--size", "1GB")
+    assert sim["time_s"] == pytest.approx(out["program_time_s"])
+    assert run_cli("verify", out["xml"], cwd=tmp_path).returncode == 0
+
+
+NAMES = ["allgather", "alltoall", "reduce-scatter", "reduce_scatter", "reducescatter", "ReduceScatter",
+         "allreduce", "broadcast", "reduce", "scatter", "gather"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("hw", ["hub-and-spoke:4", "mi250"])
+def test_every_collective_end_to_end(tmp_path, name, hw):
+    out = compile_json(tmp_path, name, "--hw", hw, "--size", "1MB", "--time-limit", "20", "-o", "a.xml")
+    assert out["verified"] and out["xml"] == "a.xml"
+    text = (tmp_path / "a.xml").read_text()
+    etree.fromstring(text.encode())
+    program = read_xml(text)
+    for runtime in out["verified_for"]:
+        assert verify(program, runtime).ok
+    assert 0 < out["bound_ratio"] <= 1 + 1e-9
+    if out["collective"] == "reduce_scatter":
+        assert (tmp_path / "a.legacy.xml").is_file() and 'coll="reduce_scatter"' in (tmp_path / "a.legacy.xml").read_text()
+        assert 'coll="reducescatter"' in text
+
+
+def test_same_input_same_bytes(tmp_path):
+    for d in ("one", "two"):
+        (tmp_path / d).mkdir()
+        compile_json(tmp_path / d, "allgather", "--hw", "mi250", "--size", "64MB", "--time-limit", "20")
+    assert (tmp_path / "one" / "allgather-mi250.xml").read_bytes() == (tmp_path / "two" / "allgather-mi250.xml").read_bytes()
+
+
+def test_size_range_protocol_and_instances(tmp_path):
+    out = compile_json(tmp_path, "allgather", "--hw", "dgx-a100", "--size-range", "1MB:64MB", "--proto", "LL",
+                       "--instances", "2", "-o", "b.xml")
+    root = etree.fromstring((tmp_path / "b.xml").read_bytes())
+    assert root.get("minBytes") == "1000000" and root.get("maxBytes") == str(64 * 10**6 - 1)
+    assert root.get("proto") == "LL" and out["nchannels"] >= 2
+
+
+def test_verify_rejects_a_broken_file_and_names_the_rule(tmp_path):
+    compile_json(tmp_path, "allgather", "--hw", "hub-and-spoke:4", "-o", "ok.xml")
+    text = (tmp_path / "ok.xml").read_text()
+    broken = text.replace('type="r"', 'type="s"', 1)
+    (tmp_path / "bad.xml").write_text(broken)
+    proc = run_cli("verify", "bad.xml", "--json", cwd=tmp_path)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert not report["verified"] and report["findings"][0]["rule"]
+
+
+def test_no_half_written_file_on_error(tmp_path):
+    proc = run_cli("allgather", "--hw", "dgx2", "--max-horizon", "2", "--method", "milp", "-o", "x.xml", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("allgather", "--hw", "dgx2", "--proto", "LL256"), "--proto"),
+    (("allgather", "--hw", "dgx2", "--size-range", "1GB:1MB"), "LO above HI"),
+    (("allgather", "--hw", "dgx2", "--runtime", "nccl"), "--runtime"),
+    (("simulate", "missing.xml", "--hw", "dgx2"), "missing.xml: no such XML file"),
+    (("lp-plan", "--hw", "dgx2"), "unknown command or collective"),
+    (("alltoall", "--hw", "dgx2", "--method", "lp", "--chunks", "0"), "--chunks"),
+])
+def test_cli_errors(tmp_path, args, needle):
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
