@@ -202,16 +202,16 @@ def build_demand(args, topo: Topology):
     if args.collective == "custom":
         if not args.demand:
             raise ArgumentError("custom: --demand FILE is required")
-        return load_custom_demand(args.demand, topo.ngpus, args.size, args.chunks)
+        return load_custom_demand(args.demand, topo.ngpus, args.size, args.chunks or 1)
     if args.demand:
         raise ArgumentError(f"{args.collective}: --demand is only for the custom collective")
-    return make_demand(args.collective, topo.ngpus, args.size, args.chunks, args.root)
+    return make_demand(args.collective, topo.ngpus, args.size, args.chunks or 1, args.root)
 
 
 def plan_options(args):
     from .planners import PlanOptions
     return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
-                       multicast=args.multicast, verbose=args.verbose,
+                       multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
                        progress=Progress(sys.stderr.isatty() and not args.verbose))
 
 
@@ -273,6 +273,7 @@ def cmd_collective(args) -> int:
     topo = load_topology(args.hw, args.nodes)
     demand = build_demand(args, topo)
     schedule = plan(topo, demand, plan_options(args))
+    demand = schedule.demand  # auto may have cut the chunks finer
     metrics = simulate(topo, schedule)
     xml = {"xml": None, "verified": None} if args.no_xml else lower_and_write(args, schedule, topo, metrics)
     if args.schedule_out:
@@ -387,7 +388,8 @@ def add_collective(p, name: str) -> None:
     p.add_argument("--size", type=size_arg, default=10**9,
                    help="buffer size as nccl-tests counts it (allgather: whole output; alltoall: whole send buffer); "
                         "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
-    p.add_argument("--chunks", type=positive_int("--chunks"), default=1, help="chunks per rank (default 1)")
+    p.add_argument("--chunks", type=positive_int("--chunks"), default=None,
+                   help="chunks per rank (default: auto tries 1, 2, 4 and 8 and keeps the fastest; other methods 1)")
     p.add_argument("--root", type=int, default=None, help="root rank (broadcast, reduce, scatter, gather)")
     p.add_argument("--method", choices=METHODS, default="auto")
     p.add_argument("--time-limit", type=non_negative_float("--time-limit"), default=60.0, metavar="S",

@@ -58,35 +58,61 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     return tried, skipped
 
 
+REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
+FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
+GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
+
+
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    """Every (chunking, method) candidate within the time limit, judged by the simulator. With
+    options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
+    often pay; the simulator decides), the optimisers' share of time divided among them."""
     from . import PLANNERS, plan as plan_with
     from ..simulate import simulate
     t0 = time.perf_counter()
-    methods, skipped = candidates(topo, demand, options)
-    results: list[tuple[float, str, Schedule]] = []
-    failed = []
-    for method in methods:
-        if method not in PLANNERS:
-            skipped.append(f"{method} (not available)")
-            continue
-        left = options.time_limit - (time.perf_counter() - t0)
-        if left <= 1.0 and results:
-            skipped.append(f"{method} (time limit reached)")
-            continue
-        try:
-            s = plan_with(topo, demand, replace(options, method=method, time_limit=max(1.0, left)))
-        except CompileError as e:
-            failed.append(f"{method}: {e}")
-            continue
-        results.append((simulate(topo, s).finish_time_s, method, s))
+    refinements = REFINEMENTS if options.refine else (1,)
+    results: list[tuple[float, int, str, Schedule, float]] = []
+    failed, skipped = [], []
+    for n, parts in enumerate(refinements):
+        if results and max(r[4] for r in results) >= GOOD_ENOUGH:
+            skipped.append(f"finer chunks (already {max(r[4] for r in results):.3f} of the bound)")
+            break
+        d = demand.split(parts)
+        methods, left_out = candidates(topo, d, options)
+        if parts > 1:
+            methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
+            if not any(m in ("milp", "lp", "rounds") for m in methods):
+                methods = [m for m in methods if m == "ring"]
+        skipped += [f"{x} at {parts}x" for x in left_out] if parts > 1 else left_out
+        for method in methods:
+            if method not in PLANNERS:
+                skipped.append(f"{method} (not available)")
+                continue
+            left = options.time_limit - (time.perf_counter() - t0)
+            if left <= 1.0 and results:
+                skipped.append(f"{method} at {parts}x (time limit reached)")
+                continue
+            # the whole chunks get most of the time: they are the cheapest model and often enough
+            share = (left * FIRST_SHARE if n == 0 else left / (len(refinements) - n)) \
+                if method in ("milp", "lp", "rounds") and len(refinements) > 1 else left
+            try:
+                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share)))
+            except CompileError as e:
+                failed.append(f"{method} at {parts}x: {e}")
+                continue
+            m = simulate(topo, s)
+            results.append((m.finish_time_s, parts, method, s, m.bound_ratio))
     if not results:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(failed) + ")")
-    results.sort(key=lambda r: (r[0], methods.index(r[1])))
-    best_time, best_method, best = results[0]
-    ranking = ", ".join(f"{m} {t * 1e3:.4g} ms" for t, m, _ in results)
-    why = [f"auto chose {best_method}: simulated {ranking}"]
+    results.sort(key=lambda r: (r[0], r[1], r[2]))
+    _, best_parts, best_method, best, _ = results[0]
+    label = lambda parts, m: m if len(refinements) == 1 else f"{m}/{demand.chunks_per_rank * parts}ch"
+    ranking = ", ".join(f"{label(p, m)} {t * 1e3:.4g} ms" for t, p, m, _, _ in results[:6])
+    chosen = best_method if len(refinements) == 1 else \
+        f"{best_method} with {demand.chunks_per_rank * best_parts} chunk(s) per rank"
+    why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
     if skipped:
         why.append("left out: " + "; ".join(skipped))
     if failed:
-        why.append("failed: " + "; ".join(failed))
+        why.append("failed: " + "; ".join(failed[:4]) + (" ..." if len(failed) > 4 else ""))
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(why) + best.notes)

@@ -18,3 +18,4 @@ class PlanOptions:
     symmetry: bool = True  # solve one representative per symmetry orbit where the topology allows
     verbose: bool = False  # forward the solver log
     progress: Callable[[str], None] | None = None  # one-line progress reports (elapsed, horizon, incumbent, gap)
+    refine: bool = False  # auto may cut chunks into sub-chunks (when the user did not fix --chunks)

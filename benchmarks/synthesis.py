@@ -1,0 +1,71 @@
+"""Issue 3's table: allgather and alltoall at 1 GB on dgx2, dgx2 x2, dgx-a100 and mi250 —
+ours (auto: solve time, algbw, bound ratio), the ring baseline, and the lower bound, side by side.
+
+    python benchmarks/synthesis.py [--time-limit 60] [--size 1GB] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+from compiler.bounds import bound_for
+from compiler.collectives import make_demand
+from compiler.planners import PlanOptions, plan
+from compiler.profiles import load_topology
+from compiler.simulate import simulate
+from compiler.units import parse_size
+
+CASES = [("dgx2", 1), ("dgx2", 2), ("dgx-a100", 1), ("mi250", 1)]
+
+
+def run_case(hw: str, nodes: int, coll: str, size: int, limit: float) -> dict:
+    topo = load_topology(hw, nodes)
+    demand = make_demand(coll, topo.ngpus, size)
+    t0 = time.perf_counter()
+    ours = plan(topo, demand, PlanOptions(method="auto", time_limit=limit, refine=True))
+    solve = time.perf_counter() - t0
+    m = simulate(topo, ours)
+    ring = simulate(topo, plan(topo, demand, PlanOptions(method="ring")))
+    bound = bound_for(topo, demand)
+    return {"hw": hw, "nodes": nodes, "collective": coll, "size_bytes": size, "method": ours.planner,
+            "chunks": ours.demand.chunks_per_rank, "status": ours.status, "solve_time_s": solve,
+            "time_s": m.finish_time_s, "algbw_GBps": m.algbw / 1e9, "bound_ratio": m.bound_ratio,
+            "ring_algbw_GBps": ring.algbw / 1e9, "ring_ratio": ring.bound_ratio,
+            "bound_s": bound.time_s, "bound_algbw_GBps": size / bound.time_s / 1e9, "binding": bound.binding}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--size", default="1GB")
+    ap.add_argument("--json", help="write the rows as JSON")
+    args = ap.parse_args(argv)
+    size = parse_size(args.size)
+    rows = []
+    head = (f"{'system':<12} {'coll':<10} {'ours':<14} {'solve s':>8} {'algbw':>8} {'ratio':>6} "
+            f"{'ring':>8} {'ratio':>6} {'bound':>8}")
+    print(f"# {platform.node()} ({platform.machine()}, {platform.python_version()}), size {args.size}, "
+          f"time limit {args.time_limit:g} s; algbw in GB/s, ratio = bound / time")
+    print(head)
+    for hw, nodes in CASES:
+        for coll in ("allgather", "alltoall"):
+            r = run_case(hw, nodes, coll, size, args.time_limit)
+            rows.append(r)
+            system = hw if nodes == 1 else f"{hw} x{nodes}"
+            ours = f"{r['method']}/{r['chunks']}ch"
+            print(f"{system:<12} {coll:<10} {ours:<14} {r['solve_time_s']:>8.1f} {r['algbw_GBps']:>8.2f} "
+                  f"{r['bound_ratio']:>6.3f} {r['ring_algbw_GBps']:>8.2f} {r['ring_ratio']:>6.3f} "
+                  f"{r['bound_algbw_GBps']:>8.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": platform.node(), "size": args.size, "time_limit_s": args.time_limit, "rows": rows},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
