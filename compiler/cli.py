@@ -38,6 +38,21 @@ class Parser(argparse.ArgumentParser):
         raise ArgumentError(f"{sub}: {message}" if sub else message)
 
 
+COMMANDS: dict[str, tuple] = {}  # name -> (configure(parser), run(args), help)
+
+
+def command(name: str, help: str):
+    def register(fn):
+        COMMANDS[name] = (fn, help)
+        return fn
+    return register
+
+
+def add_hw(p) -> None:
+    p.add_argument("--hw", required=True, metavar="NAME|FILE", help="hardware profile name, NAME:N, or a profile JSON file")
+    p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="number of nodes (default 1)")
+
+
 def positive_int(field: str):
     def parse(text: str) -> int:
         try:
@@ -232,33 +247,47 @@ def runtimes_for(collective: str, requested: str) -> tuple[str, ...]:
     return ("all",)
 
 
-def lower_and_write(args, schedule, topo: Topology, metrics) -> dict:
-    """Lower, verify, write the XML (and the legacy reduce_scatter twin); returns JSON fields."""
-    from backends.msccl_xml import save_xml, to_xml
-    from .lowering import LowerOptions, lower
-    from .simulate_program import time_program
+def lower_verified(schedule, topo: Topology, options, runtime: str):
+    """Lower and verify for every runtime that has the collective; (program, runtimes verified)."""
+    from .lowering import lower
     from .verify import verify
+    program = lower(schedule, topo, options)
+    verified_for = runtimes_for(program.collective, runtime)
+    for rt in verified_for:
+        verdict = verify(program, rt, demand=schedule.demand.split(options.instances), sms=topo.sms)
+        if not verdict.ok:
+            raise CompileError(f"internal: the lowered program failed verification for {rt} "
+                               f"({verdict.summary()}); please report this with --schedule-out")
+    return program, verified_for
+
+
+def write_program(program, path: str, runtime: str, verified_for) -> list[str]:
+    """The XML, spelled for the runtime (executor/RCCL when 'all'), plus the legacy reduce_scatter
+    twin when every runtime was asked for."""
+    from backends.msccl_xml import save_xml
+    spelling = "executor" if runtime == "all" and tuple(verified_for) != ("old",) else verified_for[0]
+    save_xml(program, path, spelling)
+    written = [path]
+    if program.collective == "reduce_scatter" and runtime == "all":
+        legacy = path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
+        save_xml(program, legacy, "old")
+        written.append(legacy)
+    return written
+
+
+def lower_and_write(args, schedule, topo: Topology) -> dict:
+    """Lower, verify, write the XML; returns the JSON fields."""
+    from .lowering import LowerOptions
+    from .simulate_program import time_program
     if any(t.group >= 0 for t in schedule.transfers):
         return {"xml": None, "verified": None,
                 "xml_skipped": "switch multicast (NVLS) has no MSCCL XML form; plan without --multicast to get XML"}
     lo, hi = args.size_range if args.size_range else (0, 0)
     options = LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo,
                            max_bytes=hi - 1 if hi else 0, runtime=args.runtime)
-    program = lower(schedule, topo, options)
-    for runtime in runtimes_for(program.collective, args.runtime):
-        verdict = verify(program, runtime, demand=schedule.demand.split(args.instances), sms=topo.sms)
-        if not verdict.ok:
-            raise CompileError(f"internal: the lowered program failed verification for {runtime} "
-                               f"({verdict.summary()}); please report this with --schedule-out")
+    program, verified_for = lower_verified(schedule, topo, options, args.runtime)
     path = args.output or default_xml_name(schedule.demand, topo)
-    verified_for = runtimes_for(program.collective, args.runtime)
-    runtime = "executor" if args.runtime == "all" and verified_for != ("old",) else verified_for[0]
-    save_xml(program, path, runtime)
-    written = [path]
-    if program.collective == "reduce_scatter" and args.runtime == "all":
-        legacy = path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
-        save_xml(program, legacy, "old")
-        written.append(legacy)
+    written = write_program(program, path, args.runtime, verified_for)
     timing = time_program(program, topo, schedule.demand.size_bytes)
     return {"xml": path, "xml_files": written, "verified": True, "runtime": args.runtime,
             "verified_for": list(verified_for),
@@ -275,7 +304,7 @@ def cmd_collective(args) -> int:
     schedule = plan(topo, demand, plan_options(args))
     demand = schedule.demand  # auto may have cut the chunks finer
     metrics = simulate(topo, schedule)
-    xml = {"xml": None, "verified": None} if args.no_xml else lower_and_write(args, schedule, topo, metrics)
+    xml = {"xml": None, "verified": None} if args.no_xml else lower_and_write(args, schedule, topo)
     if args.schedule_out:
         schedule.save(args.schedule_out)
     out = {
@@ -417,22 +446,165 @@ def add_collective(p, name: str) -> None:
     p.set_defaults(run=cmd_collective, collective=name)
 
 
+# ---- training integration: env, run, library, bench ----------------------------------------------
+
+
+def cmd_env(args) -> int:
+    from backends.torch_dist import export_lines, msccl_env
+    env = msccl_env(args.runtime, args.path, args.world_size)
+    if args.json:
+        emit_json(env)
+    else:
+        print("\n".join(export_lines(env)))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from backends.torch_dist import parse_dtype, run_local
+    result = run_local(args.file, args.nprocs, args.size, parse_dtype(args.dtype), seed=args.seed,
+                       inplace=args.inplace, timeout=args.timeout, op=args.op, iters=args.iters)
+    if args.json:
+        emit_json(result.to_dict())
+    else:
+        print(result.summary())
+    return 0 if result.correct else 1
+
+
+def size_bands(lo: int, hi: int, factor: int) -> list[tuple[int, int]]:
+    """[lo, hi] cut at lo * factor**k into inclusive bands [a, b] with no gap and no overlap."""
+    edges = [lo]
+    while edges[-1] * factor < hi:
+        edges.append(edges[-1] * factor)
+    return [(a, (edges[i + 1] - 1) if i + 1 < len(edges) else hi) for i, a in enumerate(edges)]
+
+
+def band_protocol(topo: Topology, hi: int) -> str:
+    """LL for small messages, LL128 for medium ones where NCCL trusts it (NVLink), Simple above."""
+    if hi <= 256 * 1024:
+        return "LL"
+    if hi <= 4 * 1024 * 1024 and topo.vendor == "nvidia":
+        return "LL128"
+    return "Simple"
+
+
+def cmd_library(args) -> int:
+    import math
+    from pathlib import Path
+    from .collectives import canonical, make_demand
+    from .fileio import atomic_write
+    from .lowering import LowerOptions
+    from .planners import PlanOptions, plan
+    from .simulate import simulate
+    topo = load_topology(args.hw, args.nodes)
+    colls = [canonical(c) for c in args.collectives.split(",") if c.strip()]
+    if not colls:
+        raise ArgumentError("library: --collectives: give at least one, e.g. allgather,allreduce")
+    lo, hi = args.sizes
+    bands = size_bands(lo, hi, args.band_factor)
+    if args.runtime == "old" and len(bands) * len(colls) > 4:
+        raise ArgumentError(f"library: the old runtime loads at most 4 algorithms; {len(colls)} collective(s) x "
+                            f"{len(bands)} bands = {len(bands) * len(colls)}; raise --band-factor or narrow --sizes")
+    out = Path(args.output)
+    if out.exists() and any(p.is_file() for p in out.iterdir()) and not args.force:
+        raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
+                            "to replace the directory's XML files)")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.force:
+        for f in out.iterdir():
+            if f.is_file() and f.name.endswith(".xml"):
+                f.unlink()
+    entries = []
+    progress = Progress(sys.stderr.isatty())
+    for coll in colls:
+        for i, (a, b) in enumerate(bands):
+            size = int(math.sqrt(a * max(a, b)))  # plan at the band's geometric middle
+            demand = make_demand(coll, topo.ngpus, size)
+            n_chunks = demand.chunks_per_rank * (topo.ngpus if coll in ("allgather", "alltoall", "reduce_scatter",
+                                                                         "allreduce") else 1)
+            size = max(n_chunks * 4, size - size % (n_chunks * 4))
+            demand = make_demand(coll, topo.ngpus, size)
+            schedule = plan(topo, demand, PlanOptions(method=args.method, time_limit=args.time_limit,
+                                                       refine=True, progress=progress))
+            metrics = simulate(topo, schedule)
+            proto = band_protocol(topo, b) if args.proto == "auto" else args.proto
+            options = LowerOptions(proto=proto, min_bytes=a, max_bytes=b, runtime=args.runtime,
+                                   name=f"{coll}-{topo.name}-{format_size(a)}-{format_size(b)}")
+            program, verified_for = lower_verified(schedule, topo, options, args.runtime)
+            name = f"{coll.replace('_', '-')}-{i:02d}-{format_size(a)}-{format_size(b)}.xml"
+            write_program(program, str(out / name), args.runtime, verified_for)
+            entries.append({"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "planned_at_bytes": size,
+                            "method": schedule.planner, "chunks": schedule.demand.chunks_per_rank, "proto": proto,
+                            "time_s": metrics.finish_time_s, "algbw_GBps": metrics.algbw / 1e9,
+                            "bound_ratio": metrics.bound_ratio, "why": list(schedule.notes[:2]),
+                            "inplace": program.inplace, "outofplace": program.outofplace})
+            if not args.json:
+                print(f"{name}: {format_size(a)}..{format_size(b)}, {proto}, {schedule.planner} with "
+                      f"{schedule.demand.chunks_per_rank} chunk(s): {metrics.algbw / 1e9:.2f} GB/s at "
+                      f"{format_size(size)} ({metrics.bound_ratio:.3f} of the bound)", flush=True)
+    manifest = {"format": "msccl-compile/library-v1", "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
+                "runtime": args.runtime, "sizes": [lo, hi], "algorithms": entries}
+    (out / "manifest").mkdir(exist_ok=True)
+    atomic_write(out / "manifest" / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    if args.json:
+        emit_json(manifest)
+    else:
+        print(f"wrote {len(entries)} algorithm(s) to {out}/ and the manifest to {out}/manifest/manifest.json "
+              f"(the runtime skips subdirectories); load with: msccl-compile env {out} --runtime {args.runtime}")
+    return 0
+
+
+@command("env", "print the environment that loads a directory of algorithms into a runtime")
+def _env(p):
+    p.add_argument("path", metavar="DIR", help="algorithm directory (a file or directory for --runtime old)")
+    p.add_argument("--runtime", choices=("executor", "old", "rccl"), default="executor")
+    p.add_argument("--world-size", type=positive_int("--world-size"), help="refuse files for another GPU count")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_env)
+
+
+@command("run", "run an XML on N local processes (gloo) and compare with torch's own collective")
+def _run(p):
+    p.add_argument("file", metavar="FILE.xml")
+    p.add_argument("--nprocs", type=positive_int("--nprocs"), required=True)
+    p.add_argument("--size", type=size_arg, default=2**20, help="size as nccl-tests counts it (default 1MiB)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--op", default="sum", choices=("sum", "prod", "max", "min"))
+    p.add_argument("--inplace", action="store_true", help="call the collective in place")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iters", type=positive_int("--iters"), default=3)
+    p.add_argument("--timeout", type=non_negative_float("--timeout"), default=60.0, help="seconds per run")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_run)
+
+
+@command("library", "plan a size-banded algorithm library for a system and write it as a directory")
+def _library(p):
+    add_hw(p)
+    p.add_argument("--collectives", default="allgather,allreduce", help="comma-separated (default allgather,allreduce)")
+    p.add_argument("--sizes", type=size_range_arg, default=(1024, 2**30), metavar="LO:HI",
+                   help="range of sizes covered, inclusive (default 1KiB:1GiB)")
+    p.add_argument("--band-factor", type=positive_int("--band-factor"), default=4,
+                   help="each band spans this factor of sizes (default 4)")
+    p.add_argument("--method", default="auto")
+    p.add_argument("--time-limit", type=non_negative_float("--time-limit"), default=10.0, metavar="S",
+                   help="seconds of planning per band (default 10)")
+    p.add_argument("--proto", choices=("auto",) + PROTOCOLS, default="auto",
+                   help="auto: LL up to 256KiB, LL128 up to 4MiB on NVIDIA, Simple above")
+    p.add_argument("--runtime", choices=("executor", "rccl", "old"), default="executor")
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.add_argument("--force", action="store_true", help="replace XML files already in DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_library)
+
+
+@command("bench", "nccl-tests-style sweep: torch's collective and the MSCCL algorithm side by side")
+def _bench(p):
+    from backends import bench
+    bench.configure(p)
+    p.set_defaults(run=bench.run)
+
+
 # ---- parser ---------------------------------------------------------------------------------------
-
-COMMANDS: dict[str, tuple] = {}  # name -> (configure(parser), run(args), help)
-
-
-def command(name: str, help: str):
-    def register(fn):
-        COMMANDS[name] = (fn, help)
-        return fn
-    return register
-
-
-def add_hw(p) -> None:
-    p.add_argument("--hw", required=True, metavar="NAME|FILE", help="hardware profile name, NAME:N, or a profile JSON file")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="number of nodes (default 1)")
-
 
 @command("profiles", "list hardware profiles, or show one")
 def _profiles(p):
