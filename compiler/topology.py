@@ -153,7 +153,8 @@ class Topology:
                     if nxt in path:
                         continue
                     if self.is_gpu(nxt):
-                        if nxt != src:
+                        if nxt != src and not (self.node_of(nxt) == self.node_of(src) and
+                                               any(self.switch(v).kind == "network" for v in path[1:])):
                             found.setdefault(nxt, []).append(path + (nxt,))
                     else:
                         stack.append(path + (nxt,))
@@ -161,7 +162,9 @@ class Topology:
         return tuple(result)
 
     def paths(self, src: int, dst: int) -> tuple[tuple[int, ...], ...]:
-        """Every route of one GPU-to-GPU transfer (inner vertices are switches), shortest first."""
+        """Every route of one GPU-to-GPU transfer (inner vertices are switches), shortest first.
+        Two GPUs of one node never talk through the network switch (a NIC round trip that no
+        collective library uses); they may still relay through other GPUs."""
         return self._paths[src].get(dst, ())
 
     def neighbours(self, gpu: int) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from .options import PlanOptions
 Planner = Callable[[Topology, Demand, PlanOptions], Schedule]
 PLANNERS: dict[str, Planner] = {}
 NATIVE_REDUCTIONS = {"ring", "direct"}  # planners that plan reduce transfers themselves
-METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct")
+METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "hier")
 
 
 def register(name: str):
@@ -29,7 +29,7 @@ def register(name: str):
 
 def _load() -> None:
     # importing a planner module registers it
-    from . import baselines, milp  # noqa: F401
+    from . import baselines, hierarchical, milp  # noqa: F401
     try:
         from . import lp  # noqa: F401
     except ImportError:

@@ -42,6 +42,8 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
+    if copies and topo.nodes > 1:
+        tried.append("hier")
     if copies:
         if size <= MILP_MAX_FLOWS:
             tried.append("milp")

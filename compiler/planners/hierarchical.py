@@ -1,0 +1,67 @@
+"""The hierarchical baseline for several nodes (NCCL's rail-aligned pattern): a chunk crosses the
+network once per remote node, to the GPU with the same local rank (the same rail), and each GPU
+that holds a chunk fans it out to the GPUs of its own node. Every cross-node byte moves once per
+node, which is what the node cut asks for; the fan-out rides the fast intra-node fabric.
+
+Transfers are list-scheduled in the epoch model like the other baselines: cross-node sends first
+(rotating over remote nodes so receivers are spread), then each GPU's own chunk to its node in
+rotating rounds, then the fan-out of what arrived, in order of arrival.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..collectives import Demand
+from ..errors import CompileError
+from ..schedule import Schedule
+from ..timing import expand
+from ..topology import Topology
+from . import register
+from .baselines import ListScheduler
+from .options import PlanOptions
+
+
+def _path(topo: Topology, a: int, b: int) -> tuple[int, ...]:
+    if not topo.paths(a, b):
+        raise CompileError(f"hier: rank {a} cannot reach rank {b} in one transfer on {topo.name}; "
+                           "use --method ring or milp")
+    return topo.best_path(a, b)
+
+
+@register("hier")
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    started = time.perf_counter()
+    if topo.nodes < 2:
+        raise CompileError("hier: the hierarchical baseline needs several nodes (--nodes N); use direct on one node")
+    if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks):
+        raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
+    per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
+    ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
+    cross, local, fanout = [], [], []
+    for c in demand.chunks:
+        s = c.sources[0]
+        home = s // per
+        wanted = {d for d in c.dests if d not in c.sources}
+        for node in range(nodes):
+            members = [g for g in range(node * per, (node + 1) * per) if g in wanted]
+            if not members:
+                continue
+            if node == home:
+                local += [((d - s) % per, c.id, s, d) for d in members]
+                continue
+            relay = node * per + s % per
+            if relay not in wanted:
+                relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
+            cross.append(((node - home) % nodes, s % per, c.id, s, relay))
+            fanout += [(c.id, relay, d) for d in members if d != relay]
+    for *_, chunk, a, b in sorted(cross):
+        ls.add(chunk, a, b, _path(topo, a, b))
+    for _, chunk, a, b in sorted(local):
+        ls.add(chunk, a, b, _path(topo, a, b))
+    ready = ls.ready
+    fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
+    for chunk, a, b in fanout:
+        ls.add(chunk, a, b, _path(topo, a, b))
+    return ls.schedule("hier", started, ("hier: each chunk crosses the network once per remote node, "
+                                         "to the same-rail GPU, then fans out inside each node",))
