@@ -197,12 +197,9 @@ def test_random_custom_demands_are_met(demand, method):
         assert m.ntransfers == len(demand.needs())
 
 
-def test_simulating_thousands_of_transfers_is_fast(topo):
-    import time
+def test_simulating_thousands_of_transfers(topo):
+    # speed is measured in benchmarks/pipeline.py, not here
     t = topo("dgx2", 2)
     sched = get("ring")(t, make_demand("allgather", 32, GB, chunks=8), OPTS)
     assert len(sched.transfers) == 32 * 31 * 8
-    simulate(t, sched)  # the lower bound is computed once per topology and collective
-    started = time.perf_counter()
-    simulate(t, sched)
-    assert time.perf_counter() - started < 0.5
+    assert simulate(t, sched).ntransfers == len(sched.transfers)

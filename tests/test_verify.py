@@ -1,5 +1,4 @@
 import random
-import time
 from dataclasses import replace
 
 import pytest
@@ -412,16 +411,13 @@ def test_summary_counts_more():
     assert v.summary().endswith("(and 1 more)")
 
 
-# ---- speed ---------------------------------------------------------------------------------------
+# ---- scale (speed is measured in benchmarks/pipeline.py) ------------------------------------------
 
-def test_32_rank_ring_allgather_is_fast():
+def test_32_rank_ring_allgather():
     p = ring_allgather_2tb(32, inplace=True, outofplace=True)
     assert p.nsteps_total == 32 * 63
-    t0 = time.perf_counter()
     v = verify(p)
-    dt = time.perf_counter() - t0
     assert v.ok, v.summary()
-    assert dt < 1.0, f"verify took {dt:.3f} s"
 
 
 def test_random_mutations_never_raise():
