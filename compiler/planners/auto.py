@@ -63,6 +63,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
+BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
 
 
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
@@ -90,7 +91,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             if method not in PLANNERS:
                 skipped.append(f"{method} (not available)")
                 continue
-            left = options.time_limit - (time.perf_counter() - t0)
+            left = options.time_limit * BUDGET - (time.perf_counter() - t0)
             if left <= 1.0 and results:
                 skipped.append(f"{method} at {parts}x (time limit reached)")
                 continue

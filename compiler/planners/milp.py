@@ -25,7 +25,7 @@ from . import register
 from .options import PlanOptions
 from .solver import SolveResult, solve
 from .symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
-from .timexp import Flows, capacity_violations, link_ends, rows_matrix, useful_flows
+from .timexp import Flows, capacity_violations, distances, link_ends, occupancy, rows_matrix, useful_flows
 
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
 
@@ -37,18 +37,37 @@ class Model:
     horizon: int
     F: cp.Variable
     B: cp.Variable
-    b_pos: np.ndarray  # (Q, N, K + 1) -> column of B, -1 where B is a constant
-    held0: np.ndarray  # (Q, N) bool: sources
+    b_pos: np.ndarray  # (Q, N, K + 1 + look-ahead) -> column of B, -1 where B is a constant
+    held0: np.ndarray  # (Q, N) bool: held at epoch 0 (the sources, or a window's start)
     problem: cp.Problem
     chunk_ids: list[int]  # demand chunk id of each commodity
     sym: Symmetry | None = None
     multicast: bool = False
+    landing: np.ndarray | None = None  # (Q, N): epoch a copy sent before the model lands, 0 where none
+    upper: np.ndarray | None = None  # (links,): most copies of one commodity a link starts per epoch
+
+
+@dataclass(frozen=True)
+class Start:
+    """The state a window of the rounds planner starts from, per commodity of the model (the
+    representatives' chunks under a symmetry). A window is the MILP over its epochs with these
+    holdings and arrivals, open at the end: flows may land after it (up to the largest arrival
+    offset, the look-ahead) and no demand has to be met by its last epoch."""
+    held: np.ndarray  # (Q, N) bool: GPUs holding q at the window's epoch 0
+    landing: np.ndarray  # (Q, N) int: epoch >= 1 at which a copy of q still in flight lands; 0 where none
+    busy: np.ndarray  # (links, horizon) int: capacity per link and epoch taken by earlier windows' flows
 
 
 def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multicast: bool,
-          relax: bool = False, sym: Symmetry | None = None) -> Model:
+          relax: bool = False, sym: Symmetry | None = None, start: Start | None = None,
+          copies: bool = False) -> Model:
     """The MILP at one horizon. With a symmetry, only the representative's chunks are
-    commodities and every link's capacity is shared by the images of all of them."""
+    commodities and every link's capacity is shared by the images of all of them.
+    With a start, the MILP of one window of the rounds planner (see Start).
+    copies: a GPU may send several copies of one chunk through a switch in one epoch (to
+    different GPUs, each a unicast transfer costing link capacity): F on a link into a switch is
+    an integer up to the link's capacity instead of binary. It matters only where a link carries
+    more than one chunk per epoch (an epoch longer than the fastest link's chunk time)."""
     src, dst = demand.masks()
     chunk_ids = list(range(len(demand.chunks)))
     link_images = None
@@ -56,37 +75,50 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
         chunk_ids = rep_chunks(demand, sym.reps)
         src, dst = src[chunk_ids], dst[chunk_ids]
         link_images = sym.link_perms
-    flows = useful_flows(topo, src, dst, te, horizon)
     Q, N, K = len(chunk_ids), topo.ngpus, horizon
+    held, landing, busy, ahead = src, np.zeros(src.shape, dtype=np.int64), None, 0
+    if start is not None:
+        held, landing, busy, ahead = start.held, start.landing, start.busy, max(te.arrival)
+    will = held | (landing > 0)  # never delivered (again) inside the model
+    flows = useful_flows(topo, will, dst & ~will, te, horizon, ready=landing, open_end=start is not None)
     l_src, l_dst = link_ends(topo)
     arrival = np.array(te.arrival)
     is_gpu = np.arange(topo.nvertices) < N
 
-    # B(q, g, k) for non-source GPUs and k = 1..K
-    b_pos = np.full((Q, N, K + 1), -1, dtype=np.int64)
-    qq, gg = np.nonzero(~src)
-    nb = len(qq) * K
-    b_pos[np.repeat(qq, K), np.repeat(gg, K), np.tile(np.arange(1, K + 1), len(qq))] = np.arange(nb)
+    # B(q, g, k) for GPUs that do not hold q at epoch 0 and k = 1..K (+ the look-ahead)
+    kb = K + ahead
+    b_pos = np.full((Q, N, kb + 1), -1, dtype=np.int64)
+    qq, gg = np.nonzero(~held)
+    nb = len(qq) * kb
+    b_pos[np.repeat(qq, kb), np.repeat(gg, kb), np.tile(np.arange(1, kb + 1), len(qq))] = np.arange(nb)
     nf = len(flows)
     if nf == 0:
         raise InfeasibleError(f"milp: no route can deliver the demand within {horizon} epochs")
-    F = cp.Variable(nf, name="F", bounds=[0, 1]) if relax else cp.Variable(nf, name="F", boolean=True)
+    plain = ~is_gpu & ~np.array([False] * N + [multicast and w.multicast for w in topo.switches])
+    upper = np.where(copies & plain[l_dst], np.array(te.capacity), 1)  # per link: most copies of q per epoch
+    f_ub = upper[flows.l].astype(float)
+    if np.all(f_ub == 1):
+        F = cp.Variable(nf, name="F", bounds=[0, 1]) if relax else cp.Variable(nf, name="F", boolean=True)
+    else:
+        F = cp.Variable(nf, name="F", bounds=[np.zeros(nf), f_ub], integer=not relax)
     B = cp.Variable(nb, name="B", bounds=[0, 1]) if nb else None
     cons = []
-    cons += buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B)
-    cons += send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B)
+    cons += buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B, landing)
+    cons += send_only_what_is_held(flows, b_pos, l_src, is_gpu, held, F, B, f_ub)
     cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
-    cons += link_capacity_over_window(flows, te, K, F, link_images)
-    cons += every_destination_holds_by_horizon(src, dst, b_pos, K, B)
-    objective = cp.Minimize(-early_delivery(src, dst, b_pos, K, nb, B) + FLOW_PENALTY * cp.sum(F))
-    return Model(flows, K, F, B, b_pos, src, cp.Problem(objective, cons), chunk_ids, sym, multicast)
+    cons += link_capacity_over_window(flows, te, K, F, link_images, busy)
+    if start is None:
+        cons += every_destination_holds_by_horizon(src, dst, b_pos, K, B)
+    objective = cp.Minimize(-early_delivery(held, dst, b_pos, kb, nb, B) + FLOW_PENALTY * cp.sum(F))
+    return Model(flows, K, F, B, b_pos, held, cp.Problem(objective, cons), chunk_ids, sym, multicast, landing, upper)
 
 
 # ---- constraint families: one function per equation ----------------------------------------------
 
 
-def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B):
-    """B(q,g,k) = B(q,g,k-1) + sum over links l into g of F(q, l, k - arrival[l])."""
+def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B, landing=None):
+    """B(q,g,k) = B(q,g,k-1) + sum over links l into g of F(q, l, k - arrival[l])
+    (+ 1 where a copy sent before the model lands: landing[q, g] == k)."""
     if B is None:
         return []
     q, g, k = np.nonzero(b_pos >= 0)
@@ -103,11 +135,16 @@ def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, n
                         (np.concatenate([rows, rows[has_prev]]), np.concatenate([rows, prev[has_prev]]))),
                        shape=(nb, nb))
     mf = sp.csr_matrix((-np.ones(ok.sum()), (f_rows[ok], f_cols[ok])), shape=(nb, nf))
-    return [mb @ B + mf @ F == 0]
+    rhs = np.zeros(nb)
+    if landing is not None:
+        lq, lg = np.nonzero(landing > 0)
+        rhs[b_pos[lq, lg, landing[lq, lg]]] = 1.0
+    return [mb @ B + mf @ F == rhs]
 
 
-def send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B):
-    """F(q,l,k) <= B(q,g,k) for a link l out of GPU g that is not a source of q (copies are free)."""
+def send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B, f_ub=None):
+    """F(q,l,k) <= B(q,g,k) (times F's upper bound) for a link l out of GPU g that is not a
+    source of q (copies are free)."""
     u = l_src[flows.l]
     sel = is_gpu[u]
     sel[sel] &= ~src[flows.q[sel], u[sel]]
@@ -117,16 +154,17 @@ def send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B):
     cols = b_pos[flows.q[idx], u[idx], flows.k[idx]]
     if np.any(cols < 0):  # sending in epoch 0 from a non-source: impossible
         bad = idx[cols < 0]
-        return [F[bad] == 0] + send_rows(idx[cols >= 0], cols[cols >= 0], F, B)
-    return send_rows(idx, cols, F, B)
+        return [F[bad] == 0] + send_rows(idx[cols >= 0], cols[cols >= 0], F, B, f_ub)
+    return send_rows(idx, cols, F, B, f_ub)
 
 
-def send_rows(idx, cols, F, B):
+def send_rows(idx, cols, F, B, f_ub=None):
     n = len(idx)
     if n == 0:
         return []
     sel = sp.csr_matrix((np.ones(n), (np.arange(n), idx)), shape=(n, F.size))
-    held = sp.csr_matrix((np.ones(n), (np.arange(n), cols)), shape=(n, B.size))
+    scale = np.ones(n) if f_ub is None else f_ub[idx]
+    held = sp.csr_matrix((scale, (np.arange(n), cols)), shape=(n, B.size))
     return [sel @ F <= held @ B]
 
 
@@ -167,26 +205,24 @@ def switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
     return cons
 
 
-def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=None):
-    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l].
-    With a symmetry, a flow on link l loads the image of l under every group element."""
-    window = np.array(te.window)[flows.l]
+def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=None, busy=None):
+    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l], less
+    what `busy` (links, horizon) says earlier flows outside the model still hold there.
+    With a symmetry, a flow on link l loads the image of l under every group element; the rows of
+    the links of one orbit are then identical and only the orbit's first link is kept."""
     cap = np.array(te.capacity)
-    idx = np.repeat(np.arange(len(flows)), window)
-    offs = np.arange(window.sum()) - np.repeat(np.cumsum(window) - window, window)
-    epoch = flows.k[idx] + offs
+    idx, links, epoch = occupancy(flows.l, flows.k, te, link_images)
     keep = epoch < horizon
-    idx, epoch = idx[keep], epoch[keep]
-    links = flows.l[idx]
     if link_images is not None:
-        g = len(link_images)
-        links = link_images[:, links].ravel()
-        idx, epoch = np.tile(idx, g), np.tile(epoch, g)
+        keep &= links == link_images.min(axis=0)[links]
+    idx, links, epoch = idx[keep], links[keep], epoch[keep]
     rows = links.astype(np.int64) * (horizon + 1) + epoch
     m, keys = rows_matrix(rows, idx, np.ones(len(idx)), len(flows))
     limit = cap[keys // (horizon + 1)].astype(float)
-    busy = np.asarray(m.sum(axis=1)).ravel()
-    tight = busy > limit  # rows that can never be exceeded are left out
+    if busy is not None:
+        limit -= busy[keys // (horizon + 1), keys % (horizon + 1)]
+    load = np.asarray(m.sum(axis=1)).ravel()
+    tight = load > limit  # rows that can never be exceeded are left out
     if not tight.any():
         return []
     return [m[tight] @ F <= limit[tight]]
@@ -211,23 +247,30 @@ def early_delivery(src, dst, b_pos, horizon, nb, B):
 # ---- warm start and extraction ------------------------------------------------------------------
 
 
-def warm_values(model: Model, topo: Topology, schedule: Schedule, te: TimeExpansion) -> dict | None:
-    """F and B of a schedule planned on the same time expansion, or None if it does not fit."""
+def warm_values(model: Model, topo: Topology, transfers) -> dict | None:
+    """F and B of transfers planned on the model's time expansion (epochs relative to the model;
+    copies still in flight into it land as in the model), or None if they do not fit."""
     f = model.flows
     key = (f.q.astype(np.int64) * len(topo.links) + f.l) * (model.horizon + 1) + f.k
     order = np.argsort(key)
     fval = np.zeros(len(f))
     bval = np.zeros(model.B.size if model.B is not None else 0)
-    for t in schedule.transfers:
-        if t.arrive > model.horizon or t.reduce or t.group >= 0:
+    column = {c: q for q, c in enumerate(model.chunk_ids)}
+    last = model.b_pos.shape[2] - 1
+    for q, g in zip(*np.nonzero(model.landing if model.landing is not None else [[]])):
+        cols = model.b_pos[q, g, model.landing[q, g]:]
+        bval[cols[cols >= 0]] = 1.0
+    for t in transfers:
+        if t.arrive > last or t.start >= model.horizon or t.reduce or t.group >= 0 or t.chunk not in column:
             return None
+        q = column[t.chunk]
         for l in topo.path_links(t.path):
-            k = (t.chunk * len(topo.links) + l) * (model.horizon + 1) + t.start
+            k = (q * len(topo.links) + l) * (model.horizon + 1) + t.start
             pos = np.searchsorted(key, k, sorter=order)
             if pos >= len(key) or key[order[pos]] != k:
                 return None
-            fval[order[pos]] = 1.0
-        cols = model.b_pos[t.chunk, t.dst, t.arrive:]
+            fval[order[pos]] += 1.0
+        cols = model.b_pos[q, t.dst, t.arrive:]
         bval[cols[cols >= 0]] = 1.0
     return {model.F: fval, model.B: bval} if model.B is not None else {model.F: fval}
 
@@ -235,7 +278,8 @@ def warm_values(model: Model, topo: Topology, schedule: Schedule, te: TimeExpans
 def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
     """Follow each flow out of a GPU through the switches it enters in the same epoch."""
     f = model.flows
-    on = np.nonzero(np.asarray(model.F.value) > 0.5)[0]
+    count = np.rint(np.maximum(np.asarray(model.F.value), 0)).astype(np.int64)  # copies (F may be an integer)
+    on = np.nonzero(count)[0]
     l_src, l_dst = link_ends(topo)
     n = topo.ngpus
     pool: dict[tuple[int, int, int], list[int]] = {}
@@ -243,9 +287,9 @@ def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
     for i in on:
         l = int(f.l[i])
         if l_src[l] < n:
-            starts.append(i)
+            starts += [i] * int(count[i])
         else:
-            pool.setdefault((int(f.q[i]), int(l_src[l]), int(f.k[i])), []).append(l)
+            pool.setdefault((int(f.q[i]), int(l_src[l]), int(f.k[i])), []).extend([l] * int(count[i]))
     for v in pool.values():
         v.sort(reverse=True)
     copy = {topo.ngpus + j for j, s in enumerate(topo.switches) if s.multicast and model.multicast}
@@ -299,7 +343,7 @@ def _baseline(topo, demand, options) -> Schedule | None:
     except ImportError:
         return None
     best = None
-    for name in ("direct", "ring"):
+    for name in ("direct", "ring", "hier"):
         try:
             s = PLANNERS[name](topo, demand, options)
         except Exception:  # a baseline that does not apply here is simply not a warm start
@@ -372,15 +416,33 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if cap is not None and lower > cap:
         raise InfeasibleError(f"--max-horizon: {cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
+    return with_symmetry(topo, demand, options,
+                         lambda sym, images: _plan(topo, demand, options, te, lower, t0, sym, images))
+
+
+def with_symmetry(topo: Topology, demand: Demand, options: PlanOptions, planner) -> Schedule:
+    """planner(sym, images) with the topology's symmetry where options and demand allow one, and
+    planner(None, None) otherwise or when the mapped schedule overloads a link."""
     sym = find_symmetry(topo) if options.symmetry and not options.multicast else None
     images = chunk_images(sym, demand) if sym is not None else None
     if images is not None:
         try:
-            return _plan(topo, demand, options, te, lower, t0, sym, images)
+            return planner(sym, images)
         except SymmetryClash as clash:
-            note = f"symmetric solution overloaded {clash}; solved without symmetry"
-            return _plan(topo, demand, options, te, lower, t0).with_notes(note)
-    return _plan(topo, demand, options, te, lower, t0)
+            return planner(None, None).with_notes(f"symmetric solution overloaded {clash}; solved without symmetry")
+    return planner(None, None)
+
+
+def map_symmetric(topo: Topology, te: TimeExpansion, sym: Symmetry, images: np.ndarray, transfers: list[Transfer],
+                  chunk_ids: list[int]) -> tuple[list[Transfer], str]:
+    """The representatives' transfers mapped onto every GPU, checked against link capacity
+    (raises SymmetryClash), and a note saying what was solved."""
+    transfers = map_transfers(sym, topo, transfers, images, chunk_ids)
+    clash = capacity_violations(topo, te, transfers)
+    if clash:
+        raise SymmetryClash(clash[0])
+    who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
+    return transfers, f"symmetry: solved {who} and mapped them by {sym.describe()}"
 
 
 def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedule:
@@ -392,7 +454,7 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
                                         budget * 0.4, report, sym)
     te = te.with_horizon(horizon, reason)
     model = build(topo, demand, te, horizon, options.multicast, sym=sym)
-    warm = warm_values(model, topo, base, te) if base is not None and horizon >= base.epochs else None
+    warm = warm_values(model, topo, base.transfers) if base is not None and horizon >= base.epochs else None
     left = max(1.0, options.time_limit - (time.perf_counter() - t0))
     if report:
         report(f"solving at horizon {horizon} epochs ({len(model.flows)} flow variables, "
@@ -408,12 +470,8 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
     notes = [f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
              f"{len(model.flows)} flow variables" + (f", warm start from {base.planner}" if warm else "")]
     if sym is not None:
-        transfers = map_transfers(sym, topo, transfers, images, model.chunk_ids)
-        clash = capacity_violations(topo, te, transfers)
-        if clash:
-            raise SymmetryClash(clash[0])
-        who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
-        notes.append(f"symmetry: solved {who} and mapped them by {sym.describe()}")
+        transfers, note = map_symmetric(topo, te, sym, images, transfers, model.chunk_ids)
+        notes.append(note)
     schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", _status(res), res.gap,
                         time.perf_counter() - t0, notes=tuple(notes))
     return schedule.sorted()
@@ -429,8 +487,7 @@ def _status(res: SolveResult) -> str:
 
 def _latency_epochs(topo: Topology, demand: Demand, te: TimeExpansion) -> int:
     """Fewest epochs for the farthest needed delivery (the latency bound in epochs)."""
-    from .timexp import gpu_distances, path_table
-    dist = gpu_distances(topo, path_table(topo, te))
+    dist = distances(topo, te)[1]
     src, dst = demand.masks()
     need = dst & ~src
     worst = 0

@@ -9,6 +9,7 @@ B(q, g, k): GPU g holds q at the start of epoch k (k = 1..K; at k = 0 only sourc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import scipy.sparse as sp
@@ -69,15 +70,20 @@ class Flows:
         return len(self.q)
 
 
-def useful_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, te: TimeExpansion, horizon: int) -> Flows:
+def useful_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, te: TimeExpansion, horizon: int,
+                 ready: np.ndarray | None = None, open_end: bool = False) -> Flows:
     """Flows that can lie on a route from a source to a destination within the horizon:
     a link may carry commodity q only after q could reach the route's first GPU, early enough to
     reach a destination by the horizon, and never into one of q's sources.
-    src, dst: (commodities, ngpus) bool masks."""
-    table = path_table(topo, te)
-    dist = gpu_distances(topo, table)
+    src, dst: (commodities, ngpus) bool masks. ready: (commodities, ngpus) epoch from which each
+    GPU in src holds q (default 0; a later epoch for a copy still in flight, which is never
+    delivered twice). open_end: flows may start in any epoch of the horizon and land after it
+    (a window of the rounds planner); the route must still lead to a destination."""
+    table, dist = distances(topo, te)
     big = np.int64(INF)
-    earliest = np.where(src[:, :, None], dist[None, :, :], big).min(axis=1)  # (Q, N)
+    have = np.zeros(src.shape, dtype=np.int64) if ready is None else np.asarray(ready, dtype=np.int64)
+    have = np.where(src, have, big)
+    earliest = (have[:, :, None] + dist[None, :, :]).min(axis=1)  # (Q, N)
     togo = np.where(dst[:, None, :], dist[None, :, :], big).min(axis=2)  # (Q, N)
     nl = len(topo.links)
     lo = np.full((len(src), nl), big)
@@ -92,7 +98,7 @@ def useful_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, te: TimeExpan
             l = ids[col]
             np.minimum(lo[:, l], start[:, col], out=lo[:, l])
             np.minimum(tail[:, l], finish[:, col], out=tail[:, l])
-    hi = horizon - tail
+    hi = np.where(tail < big, horizon - 1, -1) if open_end else horizon - tail
     qs, ls = np.nonzero(lo <= hi)
     counts = (hi[qs, ls] - lo[qs, ls] + 1).astype(np.int64)
     q = np.repeat(qs, counts)
@@ -101,6 +107,29 @@ def useful_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, te: TimeExpan
     k = np.repeat(lo[qs, ls], counts) + offsets
     order = np.lexsort((k, l, q))
     return Flows(q[order], l[order], k[order])
+
+
+@lru_cache(maxsize=8)
+def distances(topo: Topology, te: TimeExpansion) -> tuple[PathTable, np.ndarray]:
+    """path_table and gpu_distances, computed once per topology and time expansion (read only)."""
+    table = path_table(topo, te)
+    return table, gpu_distances(topo, table)
+
+
+def occupancy(l: np.ndarray, k: np.ndarray, te: TimeExpansion,
+              link_images: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (flow index, link, epoch) a flow started on link l[i] in epoch k[i] keeps busy: the
+    link's window from k; with a symmetry, the same epochs on every image of the link."""
+    window = np.array(te.window)[l]
+    idx = np.repeat(np.arange(len(l)), window)
+    offs = np.arange(window.sum()) - np.repeat(np.cumsum(window) - window, window)
+    epoch = k[idx] + offs
+    links = l[idx]
+    if link_images is not None:
+        g = len(link_images)
+        links = link_images[:, links].ravel()
+        idx, epoch = np.tile(idx, g), np.tile(epoch, g)
+    return idx, links, epoch
 
 
 def link_ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
@@ -134,3 +163,43 @@ def capacity_violations(topo: Topology, te: TimeExpansion, transfers) -> list[st
             bad.append(f"{topo.vertex_name(link.src)}->{topo.vertex_name(link.dst)} carries {n} chunks in epoch {e} "
                        f"(capacity {te.capacity[l]})")
     return bad
+
+
+def order_within_epochs(topo: Topology, transfers) -> list:
+    """Transfers in epoch order; inside an epoch, in rounds in which no two share a link.
+
+    Where an epoch is longer than a chunk's time on a link (a coarse epoch), several transfers
+    start on that link in one epoch and are served one after another in schedule order (by the
+    simulator and by the runtime). Ordered carelessly, a link waits for a transfer queued behind
+    another one on a different link, and epochs overrun. Greedy edge colouring, slowest
+    transfers first, puts each transfer in the first round with none of its links taken; the
+    members of a switch-multicast group stay together."""
+    def slowest(p):
+        return min(topo.links[l].bandwidth for l in topo.path_links(p))
+
+    by_epoch: dict[int, list[list]] = {}
+    units: dict[tuple[int, int], list] = {}
+    for t in transfers:
+        if t.group >= 0:
+            unit = units.get((t.start, t.group))
+            if unit is not None:
+                unit.append(t)
+                continue
+            unit = units[(t.start, t.group)] = [t]
+        else:
+            unit = [t]
+        by_epoch.setdefault(t.start, []).append(unit)
+    out = []
+    for epoch in sorted(by_epoch):
+        rounds: list[set[int]] = []
+        placed = []
+        for unit in sorted(by_epoch[epoch], key=lambda u: min(slowest(t.path) for t in u)):
+            links = {l for t in unit for l in topo.path_links(t.path)}
+            r = next((i for i, taken in enumerate(rounds) if not taken & links), len(rounds))
+            if r == len(rounds):
+                rounds.append(set())
+            rounds[r] |= links
+            placed.append((r, unit))
+        for _, unit in sorted(placed, key=lambda x: x[0]):
+            out += unit
+    return out
