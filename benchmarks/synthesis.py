@@ -10,32 +10,22 @@ import argparse
 import json
 import platform
 import sys
-import time
+from pathlib import Path
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compiler.bounds import bound_for
-from compiler.collectives import make_demand
-from compiler.planners import PlanOptions, plan
-from compiler.profiles import load_topology
-from compiler.simulate import simulate
-from compiler.units import parse_size
+from benchmarks.common import ours_ring_bound  # noqa: E402
+from compiler.collectives import make_demand  # noqa: E402
+from compiler.profiles import load_topology  # noqa: E402
+from compiler.units import parse_size  # noqa: E402
 
 CASES = [("dgx2", 1), ("dgx2", 2), ("dgx-a100", 1), ("mi250", 1)]
 
 
 def run_case(hw: str, nodes: int, coll: str, size: int, limit: float) -> dict:
     topo = load_topology(hw, nodes)
-    demand = make_demand(coll, topo.ngpus, size)
-    t0 = time.perf_counter()
-    ours = plan(topo, demand, PlanOptions(method="auto", time_limit=limit, refine=True))
-    solve = time.perf_counter() - t0
-    m = simulate(topo, ours)
-    ring = simulate(topo, plan(topo, demand, PlanOptions(method="ring")))
-    bound = bound_for(topo, demand)
-    return {"hw": hw, "nodes": nodes, "collective": coll, "size_bytes": size, "method": ours.planner,
-            "chunks": ours.demand.chunks_per_rank, "status": ours.status, "solve_time_s": solve,
-            "time_s": m.finish_time_s, "algbw_GBps": m.algbw / 1e9, "bound_ratio": m.bound_ratio,
-            "ring_algbw_GBps": ring.algbw / 1e9, "ring_ratio": ring.bound_ratio,
-            "bound_s": bound.time_s, "bound_algbw_GBps": size / bound.time_s / 1e9, "binding": bound.binding}
+    return {"hw": hw, "nodes": nodes, "collective": coll, "size_bytes": size,
+            **ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), limit)}
 
 
 def main(argv=None) -> int:

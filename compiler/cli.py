@@ -53,16 +53,26 @@ def add_hw(p) -> None:
     p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="number of nodes (default 1)")
 
 
-def positive_int(field: str):
-    def parse(text: str) -> int:
+def number(kind, minimum):
+    """An argparse type: `kind` (int or float) no smaller than `minimum`, with a one-line error."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
         return value
     return parse
+
+
+def positive_int(field: str):
+    return number(int, 1)
+
+
+def non_negative_float(field: str):
+    return number(float, 0.0)
 
 
 def size_range_arg(text: str) -> tuple[int, int]:
@@ -399,16 +409,6 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def non_negative_float(field: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-        return value
-    return parse
 
 
 def add_collective(p, name: str) -> None:
