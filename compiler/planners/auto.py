@@ -16,17 +16,18 @@ MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minut
 LP_MAX_FLOWS = 400_000
 
 
-def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True) -> int:
+def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_source: bool = True) -> int:
     """Rough count of flow variables at the lower-bound horizon (before pruning), after the
-    symmetry reduction the planners would apply."""
+    symmetry reduction the planners would apply. per_source: the LP's commodities (one per source
+    for demands without copies); otherwise the MILP's (one per chunk)."""
     from ..bounds import bound_for
     from ..timing import epochs_for, expand
     from .symmetry import chunk_images, find_symmetry
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
     commodities = len(demand.chunks)
-    if not any(len(c.dests) > 1 for c in demand.chunks):
-        commodities = len({c.sources for c in demand.chunks})  # the LP aggregates per source
+    if per_source and not any(len(c.dests) > 1 for c in demand.chunks):
+        commodities = len({c.sources for c in demand.chunks})
     sym = find_symmetry(topo) if symmetry else None
     if sym is not None and chunk_images(sym, demand) is not None:
         commodities = max(1, commodities // sym.size)
@@ -55,8 +56,11 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
             tried.append("lp")
         else:
             skipped.append(f"lp (about {size} flow variables; above {LP_MAX_FLOWS})")
-        if size <= MILP_MAX_FLOWS // 4:
+        exact = estimated_flows(topo, plan_demand, options.symmetry, per_source=False)
+        if exact <= MILP_MAX_FLOWS // 4:
             tried.append("milp")
+        else:
+            skipped.append(f"milp (about {exact} flow variables; above {MILP_MAX_FLOWS // 4} for a copy-free demand)")
     return tried, skipped
 
 

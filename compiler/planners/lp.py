@@ -286,10 +286,15 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             k = min(k, cap)
     lp_value = model.horizon * te.tau
     route_map = routes(model, topo)
-    parts = SUBCHUNKS if demand.chunks_per_rank * SUBCHUNKS <= 64 else 1
+    # whole chunks or sub-chunks: finer rounding follows the fluid flow better but pays alpha per
+    # piece; keep the rounding that finishes first in the epoch model (under auto, which tries
+    # finer chunks itself and judges them with the simulator, whole chunks only)
+    options_parts = [1] + ([SUBCHUNKS] if demand.chunks_per_rank * SUBCHUNKS <= 64 and not options.refine else [])
+    rounded = [(p, round_schedule(topo, demand, route_map, p, t0, ())) for p in options_parts]
+    parts, schedule = min(rounded, key=lambda ps: (ps[1].epochs * ps[1].tau, ps[0]))
     notes = (f"LP: {model.horizon} epochs of {te.tau * 1e6:.4g} us = {lp_value * 1e3:.4g} ms (fluid), "
              f"{len(model.flows)} flow variables; horizons tried {', '.join(tried)}",
-             f"rounded to {parts} sub-chunks per chunk and list-scheduled") + \
+             f"rounded to {parts} sub-chunk{'s' if parts > 1 else ''} per chunk and list-scheduled") + \
         ((f"symmetry: solved sources {', '.join(map(str, sym.reps))} and mapped them by {sym.describe()}",) if sym else ())
-    schedule = round_schedule(topo, demand, route_map, parts, t0, notes)
+    schedule = replace(schedule, notes=notes)
     return replace(schedule, lp_value=lp_value, status="rounded", solve_time=time.perf_counter() - t0)
