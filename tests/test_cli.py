@@ -100,3 +100,23 @@ def test_no_half_written_file_on_error(tmp_path):
 def test_cli_errors(tmp_path, args, needle):
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_verbose_solver_log_goes_to_stderr(tmp_path):
+    proc = run_cli("allgather", "--hw", "mi250", "--method", "milp", "--chunks", "2", "--verbose", "--json",
+                   "--no-xml", cwd=tmp_path)
+    assert proc.returncode == 0
+    json.loads(proc.stdout)  # stdout holds the JSON and nothing else
+    assert "MIP" in proc.stderr
+
+
+def test_progress_reports_only_after_two_seconds(monkeypatch, capsys):
+    import time
+    from compiler import cli
+    clock = iter([0.0, 1.0, 3.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    report = cli.Progress(True)
+    report("early")
+    report("horizon 30 epochs: feasible")
+    err = capsys.readouterr().err
+    assert "early" not in err and "horizon 30 epochs: feasible" in err and err.startswith("[   3.0s]")

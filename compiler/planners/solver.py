@@ -8,6 +8,7 @@ module only passes that form to highspy and maps the column vector back onto the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -56,6 +57,19 @@ def new_highs() -> highspy.Highs:
         os.dup2(saved, 1)
         os.close(saved)
     return h
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _columns(param_prob, variables) -> dict:
@@ -139,7 +153,11 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
             progress(f"{label}elapsed {now:.0f}s, incumbent {incumbent}, gap {g:.2%}")
 
         h.cbMipInterrupt.subscribe(report)
-    h.run()
+    if verbose:  # HiGHS logs to stdout; keep stdout for our own output (--json)
+        with _stdout_to_stderr():
+            h.run()
+    else:
+        h.run()
     info = h.getInfo()
     status = _STATUS.get(h.getModelStatus().name, h.getModelStatus().name)
     if status == "unbounded":
@@ -149,7 +167,8 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
     if has:
         x = np.asarray(h.getSolution().col_value)
         for var, col in columns.items():
-            var.value = x[col:col + var.size].reshape(var.shape, order="F") if var.shape else x[col]
+            value = x[col:col + var.size].reshape(var.shape, order="F") if var.shape else x[col]
+            var.value = var.project(value)  # within the solver's tolerances, not CVXPY's 1e-10
         objective = float(problem.objective.value)
         offset = objective - float(info.objective_function_value)
         if integer:
