@@ -233,6 +233,15 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
                   chunks, reduce, None, max(in_next), max(out_next))
 
 
+def on_ranks(demand: Demand, ranks: list[int], ngpus: int) -> Demand:
+    """The same collective run by a subset of a larger system's ranks: rank i becomes ranks[i]."""
+    if len(ranks) != demand.ngpus or len(set(ranks)) != len(ranks) or not all(0 <= r < ngpus for r in ranks):
+        raise DemandError(f"ranks: {ranks!r} must be {demand.ngpus} distinct ranks of 0..{ngpus - 1}")
+    chunks = tuple(replace(c, sources=tuple(ranks[r] for r in c.sources), dests=tuple(ranks[r] for r in c.dests))
+                   for c in demand.chunks)
+    return replace(demand, ngpus=ngpus, chunks=chunks, root=None if demand.root is None else ranks[demand.root])
+
+
 def merge(demands: list[Demand]) -> Demand:
     """Several jobs on one topology: chunk ids renumbered, job ids kept distinct."""
     if not demands:
