@@ -95,6 +95,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             if method not in PLANNERS:
                 skipped.append(f"{method} (not available)")
                 continue
+            if results and max(r[4] for r in results) >= GOOD_ENOUGH:
+                skipped.append(f"{method} at {parts}x (a candidate already reaches {max(r[4] for r in results):.3f} "
+                               "of the bound)")
+                continue
             left = options.time_limit * BUDGET - (time.perf_counter() - t0)
             if left <= 1.0 and results:
                 skipped.append(f"{method} at {parts}x (time limit reached)")
