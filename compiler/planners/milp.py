@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from ..bounds import bound_for
 from ..collectives import Demand
-from ..errors import InfeasibleError
+from ..errors import CompileError, InfeasibleError
 from ..schedule import Schedule, Transfer
 from ..timing import TimeExpansion, epochs_for, expand
 from ..topology import Topology
@@ -27,6 +27,7 @@ from .solver import SolveResult, solve
 from .symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
 from .timexp import Flows, capacity_violations, distances, link_ends, occupancy, rows_matrix, useful_flows
 
+MAX_FLOWS = 400_000  # beyond this, building the CVXPY model alone takes minutes
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
 
 
@@ -56,6 +57,7 @@ class Start:
     held: np.ndarray  # (Q, N) bool: GPUs holding q at the window's epoch 0
     landing: np.ndarray  # (Q, N) int: epoch >= 1 at which a copy of q still in flight lands; 0 where none
     busy: np.ndarray  # (links, horizon) int: capacity per link and epoch taken by earlier windows' flows
+    #                   (under a symmetry: on the first link of each orbit, as timexp.occupancy gives it)
 
 
 def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multicast: bool,
@@ -94,6 +96,9 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
     nf = len(flows)
     if nf == 0:
         raise InfeasibleError(f"milp: no route can deliver the demand within {horizon} epochs")
+    if nf > MAX_FLOWS:
+        raise CompileError(f"milp: {nf} flow variables at {horizon} epochs are more than this machine can solve "
+                           f"(limit {MAX_FLOWS}); use --method rounds or hier, or fewer --chunks")
     plain = ~is_gpu & ~np.array([False] * N + [multicast and w.multicast for w in topo.switches])
     upper = np.where(copies & plain[l_dst], np.array(te.capacity), 1)  # per link: most copies of q per epoch
     f_ub = upper[flows.l].astype(float)
@@ -209,15 +214,13 @@ def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=
     """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l], less
     what `busy` (links, horizon) says earlier flows outside the model still hold there.
     With a symmetry, a flow on link l loads the image of l under every group element; the rows of
-    the links of one orbit are then identical and only the orbit's first link is kept."""
+    the links of one orbit are then identical and only the orbit's first link has one."""
     cap = np.array(te.capacity)
-    idx, links, epoch = occupancy(flows.l, flows.k, te, link_images)
+    idx, links, epoch, count = occupancy(flows.l, flows.k, te, link_images)
     keep = epoch < horizon
-    if link_images is not None:
-        keep &= links == link_images.min(axis=0)[links]
-    idx, links, epoch = idx[keep], links[keep], epoch[keep]
+    idx, links, epoch, count = idx[keep], links[keep], epoch[keep], count[keep]
     rows = links.astype(np.int64) * (horizon + 1) + epoch
-    m, keys = rows_matrix(rows, idx, np.ones(len(idx)), len(flows))
+    m, keys = rows_matrix(rows, idx, count.astype(float), len(flows))
     limit = cap[keys // (horizon + 1)].astype(float)
     if busy is not None:
         limit -= busy[keys // (horizon + 1), keys % (horizon + 1)]
@@ -371,6 +374,9 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         if left <= 0.5:
             break
         model = build(topo, demand, te, k, multicast, sym=sym)
+        left = budget - (time.perf_counter() - t0)  # building the model took some of it
+        if left <= 0.5:
+            break
         res = solve(model.problem, time_limit=left, first_feasible=True, label=f"horizon {k}: ", progress=report)
         probes.append(f"{k}:{'ok' if res.has_solution else res.status}")
         if report:
@@ -392,6 +398,8 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
     while feasible - infeasible > 1 and budget - (time.perf_counter() - t0) > 0.5:
         mid = (feasible + infeasible) // 2
         model = build(topo, demand, te, mid, multicast, sym=sym)
+        if budget - (time.perf_counter() - t0) <= 0.5:
+            break
         res = solve(model.problem, time_limit=budget - (time.perf_counter() - t0), first_feasible=True,
                     label=f"horizon {mid}: ", progress=report)
         probes.append(f"{mid}:{'ok' if res.has_solution else res.status}")

@@ -94,10 +94,8 @@ def useful_flows(topo: Topology, src: np.ndarray, dst: np.ndarray, te: TimeExpan
         a, b, arr, ids = table.first[ok], table.last[ok], table.arrival[ok], ids[ok]
         start = earliest[:, a]  # (Q, P)
         finish = np.where(src[:, b], big, arr[None, :] + togo[:, b])
-        for col in range(len(ids)):  # a link appears on many paths: reduce with minimum
-            l = ids[col]
-            np.minimum(lo[:, l], start[:, col], out=lo[:, l])
-            np.minimum(tail[:, l], finish[:, col], out=tail[:, l])
+        np.minimum.at(lo.T, ids, start.T)  # a link appears on many paths: reduce with minimum
+        np.minimum.at(tail.T, ids, finish.T)
     hi = np.where(tail < big, horizon - 1, -1) if open_end else horizon - tail
     qs, ls = np.nonzero(lo <= hi)
     counts = (hi[qs, ls] - lo[qs, ls] + 1).astype(np.int64)
@@ -117,19 +115,26 @@ def distances(topo: Topology, te: TimeExpansion) -> tuple[PathTable, np.ndarray]
 
 
 def occupancy(l: np.ndarray, k: np.ndarray, te: TimeExpansion,
-              link_images: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every (flow index, link, epoch) a flow started on link l[i] in epoch k[i] keeps busy: the
-    link's window from k; with a symmetry, the same epochs on every image of the link."""
+              link_images: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(flow index, link, epoch, count) for every link-epoch a flow started on link l[i] in epoch
+    k[i] keeps busy: the link's window from k. With a symmetry the flow loads every image of its
+    link; the links of one orbit then carry equal loads, so the load is given on the orbit's
+    first link only, counted once per group element that maps the link there."""
     window = np.array(te.window)[l]
     idx = np.repeat(np.arange(len(l)), window)
     offs = np.arange(window.sum()) - np.repeat(np.cumsum(window) - window, window)
     epoch = k[idx] + offs
     links = l[idx]
-    if link_images is not None:
-        g = len(link_images)
-        links = link_images[:, links].ravel()
-        idx, epoch = np.tile(idx, g), np.tile(epoch, g)
-    return idx, links, epoch
+    first, stabiliser = link_orbits(link_images, len(te.window))
+    return idx, first[links], epoch, stabiliser[links]
+
+
+def link_orbits(link_images: np.ndarray | None, nlinks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per link: the first link of its orbit under a symmetry (itself without one), and how many
+    group elements map it there (its stabiliser's size; 1 where the group acts freely)."""
+    if link_images is None:
+        return np.arange(nlinks), np.ones(nlinks, dtype=np.int64)
+    return link_images.min(axis=0), (link_images == np.arange(nlinks)).sum(axis=0)
 
 
 def link_ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
