@@ -308,16 +308,27 @@ def msccl_environment(runtime: str, path: str | os.PathLike, world_size: int | N
     """Sets msccl_env(...) in os.environ for the block and restores the previous values (removing
     variables that were not set) on exit. Enter it before init_process_group."""
     env = msccl_env(runtime, path, world_size)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with patched_environ(env):
         yield env
+
+
+@contextmanager
+def patched_environ(env: dict[str, str | None]) -> Iterator[None]:
+    """os.environ with `env` applied (None unsets a variable) for the block; restored on exit."""
+    saved = {k: os.environ.get(k) for k in env}
+    _apply(env)
+    try:
+        yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _apply(saved)
+
+
+def _apply(env: dict[str, str | None]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def export_lines(env: dict[str, str]) -> list[str]:
@@ -798,25 +809,13 @@ def launch_local(worker: Callable, nprocs: int, payload=None, timeout: float = 6
     store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=max(timeout, 30)),
                           wait_for_workers=False)
     q = ctx.Queue()
-    saved = {k: os.environ.get(k) for k in (env or {})}
     procs = []
-    try:
-        for k, v in (env or {}).items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with patched_environ(env or {}):  # spawned children read the environment at start
         for r in range(nprocs):
             proc = ctx.Process(target=_child, args=(r, nprocs, store.port, worker, payload, timeout, q, backend),
                                daemon=True)
             proc.start()
             procs.append(proc)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     startup = 60.0
