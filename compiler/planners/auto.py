@@ -110,6 +110,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
                 s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share)))
             except CompileError as e:
                 failed.append(f"{method} at {parts}x: {e}")
+                if method == "milp" and "lp" not in methods and "rounds" not in methods:
+                    methods.append("rounds")  # the exact model was too big for its share: solve it in windows
                 continue
             m = simulate(topo, s)
             results.append((m.finish_time_s, parts, method, s, m.bound_ratio))
