@@ -25,13 +25,12 @@ import os
 import re
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 
 import jinja2
 from lxml import etree
 
 from compiler.errors import CompileError
-from compiler.fileio import atomic_write
+from compiler.fileio import atomic_write, read_input
 from compiler.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
@@ -254,14 +253,7 @@ def _source(source: str | bytes | os.PathLike) -> tuple[str, bytes]:
         return "<xml>", source
     if isinstance(source, str) and source.lstrip().startswith("<"):
         return "<xml>", source.encode("utf-8")
-    try:
-        return str(source), Path(source).read_bytes()
-    except FileNotFoundError:
-        raise XmlError(f"{source}: no such XML file") from None
-    except IsADirectoryError:
-        raise XmlError(f"{source}: is a directory, not an XML file") from None
-    except (OSError, TypeError, ValueError) as e:
-        raise XmlError(f"{source}: cannot read: {_one_line(str(e))}") from None
+    return str(source), read_input(source, "XML file", XmlError)
 
 
 def read_xml(source: str | bytes | os.PathLike) -> Program:

@@ -91,9 +91,10 @@ import torch.distributed as dist
 
 from compiler.collectives import canonical
 from compiler.errors import CompileError
+from compiler.fileio import read_input
 from compiler.program import RECVS, SENDS, Program
 from compiler.verify import STATIC_RULES, STRUCTURAL, connections, expected_chunks, limits_for
-from compiler.verify_exec import Encoding, Machine, _layout, _root_candidates
+from compiler.verify_exec import Machine, _root_candidates, initial_memory
 
 __all__ = [
     "RUNTIMES", "ExecutionError", "AlgoHeader", "read_header", "algorithm_files", "msccl_env", "msccl_environment",
@@ -166,15 +167,7 @@ def read_header(path: str | os.PathLike) -> AlgoHeader:
     """Reads only the `<algo ...>` start tag of an MSCCL XML file (the executor's first pass does
     the same). Raises CompileError if the file does not start with one."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            data = f.read(1 << 16)
-    except FileNotFoundError:
-        raise CompileError(f"{p}: no such algorithm file") from None
-    except IsADirectoryError:
-        raise CompileError(f"{p}: is a directory, not an algorithm file") from None
-    except OSError as e:
-        raise CompileError(f"{p}: cannot read: {e.strerror or e}") from None
+    data = read_input(p, "algorithm file", limit=1 << 16)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -484,10 +477,7 @@ def _prepare(p: Program, inplace: bool) -> ExecPlan:
     if fatal:
         more = f" (and {len(fatal) - 1} more)" if len(fatal) > 1 else ""
         raise ExecutionError(f"{p.name}: cannot run: {fatal[0].message}{more}")
-    exp = expected_chunks(p)
-    addrs, n_in_r, size = _layout(p, inplace, exp[0] if exp else None)
-    enc = Encoding(max(n_in_r, default=1))
-    init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in_r[r])]
+    addrs, size, init, enc = initial_memory(p, inplace)
     m = _OrderMachine(p, connections(p), addrs, size, init, enc)
     for c in m.conns:
         c.cap = 1 << 62  # gloo buffers: no slot limit

@@ -407,14 +407,21 @@ def _layout(p: Program, inplace: bool, n_in_expected: int | None):
     return addrs, n_in, nxt
 
 
-def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
-    """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
-    or the standard collective's derived from the header (for a rooted one, the root that fits,
-    trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
+def initial_memory(p: Program, inplace: bool):
+    """(addresses, memory size, initial contents, encoding) of a call of `p`: every rank's input
+    chunk j holds the symbol of (rank, j)."""
     exp = expected_chunks(p)
     addrs, n_in, size = _layout(p, inplace, exp[0] if exp else None)
     enc = Encoding(max(n_in, default=1))
     init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
+    return addrs, size, init, enc
+
+
+def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
+    """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
+    or the standard collective's derived from the header (for a rooted one, the root that fits,
+    trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
+    addrs, size, init, enc = initial_memory(p, inplace)
     findings, mem = execute(p, connections(p), addrs, size, init, enc)
     if any(f.rule == "deadlock" for f in findings):
         return findings  # the outputs of a run that did not finish say nothing more

@@ -294,9 +294,10 @@ def plan_ring(topology: Topology, demand: Demand, options: PlanOptions) -> Sched
 # ---- direct ---------------------------------------------------------------------------------------
 
 
-def _direct_path(topo: Topology, src: int, dst: int) -> tuple[int, ...]:
+def one_transfer_path(topo: Topology, src: int, dst: int, planner: str) -> tuple[int, ...]:
+    """The best GPU-to-GPU path from src to dst; a clear error naming the planner where none exists."""
     if not topo.paths(src, dst):
-        raise CompileError(f"direct: rank {src} cannot reach rank {dst} in one transfer on {topo.name}; "
+        raise CompileError(f"{planner}: rank {src} cannot reach rank {dst} in one transfer on {topo.name}; "
                            "use --method ring or milp")
     return topo.best_path(src, dst)
 
@@ -329,7 +330,7 @@ def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
 def plan_direct(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
     hops = direct_hops(topology, demand)
-    paths = {(a, b): _direct_path(topology, a, b) for _, a, b, _ in hops}
+    paths = {(a, b): one_transfer_path(topology, a, b, "direct") for _, a, b, _ in hops}
     ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
     for chunk, a, b, reduce in hops:
         ls.add(chunk, a, b, paths[(a, b)], reduce)

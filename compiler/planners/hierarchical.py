@@ -18,15 +18,8 @@ from ..schedule import Schedule
 from ..timing import expand
 from ..topology import Topology
 from . import register
-from .baselines import ListScheduler
+from .baselines import ListScheduler, one_transfer_path
 from .options import PlanOptions
-
-
-def _path(topo: Topology, a: int, b: int) -> tuple[int, ...]:
-    if not topo.paths(a, b):
-        raise CompileError(f"hier: rank {a} cannot reach rank {b} in one transfer on {topo.name}; "
-                           "use --method ring or milp")
-    return topo.best_path(a, b)
 
 
 @register("hier")
@@ -56,12 +49,12 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             cross.append(((node - home) % nodes, s % per, c.id, s, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     for *_, chunk, a, b in sorted(cross):
-        ls.add(chunk, a, b, _path(topo, a, b))
+        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
     for _, chunk, a, b in sorted(local):
-        ls.add(chunk, a, b, _path(topo, a, b))
+        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
     ready = ls.ready
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
-        ls.add(chunk, a, b, _path(topo, a, b))
+        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
     return ls.schedule("hier", started, ("hier: each chunk crosses the network once per remote node, "
                                          "to the same-rail GPU, then fans out inside each node",))
