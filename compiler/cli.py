@@ -50,7 +50,7 @@ def command(name: str, help: str):
 
 def add_hw(p) -> None:
     p.add_argument("--hw", required=True, metavar="NAME|FILE", help="hardware profile name, NAME:N, or a profile JSON file")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=1, help="number of nodes (default 1)")
+    p.add_argument("--nodes", type=positive_int, default=1, help="number of nodes (default 1)")
 
 
 def number(kind, minimum):
@@ -67,12 +67,8 @@ def number(kind, minimum):
     return parse
 
 
-def positive_int(field: str):
-    return number(int, 1)
-
-
-def non_negative_float(field: str):
-    return number(float, 0.0)
+positive_int = number(int, 1)
+non_negative_float = number(float, 0.0)
 
 
 def size_range_arg(text: str) -> tuple[int, int]:
@@ -417,15 +413,15 @@ def add_collective(p, name: str) -> None:
     p.add_argument("--size", type=size_arg, default=10**9,
                    help="buffer size as nccl-tests counts it (allgather: whole output; alltoall: whole send buffer); "
                         "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
-    p.add_argument("--chunks", type=positive_int("--chunks"), default=None,
+    p.add_argument("--chunks", type=positive_int, default=None,
                    help="chunks per rank (default: auto tries 1, 2, 4 and 8 and keeps the fastest; other methods 1)")
     p.add_argument("--root", type=int, default=None, help="root rank (broadcast, reduce, scatter, gather)")
     p.add_argument("--method", choices=METHODS, default="auto")
-    p.add_argument("--time-limit", type=non_negative_float("--time-limit"), default=60.0, metavar="S",
+    p.add_argument("--time-limit", type=non_negative_float, default=60.0, metavar="S",
                    help="seconds for planning (default 60)")
-    p.add_argument("--gap", type=non_negative_float("--gap"), default=1e-4, metavar="G",
+    p.add_argument("--gap", type=non_negative_float, default=1e-4, metavar="G",
                    help="relative MIP gap to stop at (default 1e-4)")
-    p.add_argument("--max-horizon", type=positive_int("--max-horizon"), default=None, metavar="K",
+    p.add_argument("--max-horizon", type=positive_int, default=None, metavar="K",
                    help="cap on epochs (the horizon is otherwise found from the lower bound)")
     p.add_argument("--multicast", action="store_true",
                    help="let switches marked multicast copy (NVLS); such schedules are simulated, not lowered")
@@ -435,7 +431,7 @@ def add_collective(p, name: str) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
     p.add_argument("--no-xml", action="store_true", help="plan and simulate only")
     p.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="MSCCL protocol (default Simple)")
-    p.add_argument("--instances", type=positive_int("--instances"), default=1,
+    p.add_argument("--instances", type=positive_int, default=1,
                    help="copies of the algorithm on separate channels, each on 1/N of every chunk")
     p.add_argument("--size-range", type=size_range_arg, metavar="LO:HI",
                    help="sizes [LO, HI) the runtime may use this file for (minBytes/maxBytes)")
@@ -557,7 +553,7 @@ def cmd_library(args) -> int:
 def _env(p):
     p.add_argument("path", metavar="DIR", help="algorithm directory (a file or directory for --runtime old)")
     p.add_argument("--runtime", choices=("executor", "old", "rccl"), default="executor")
-    p.add_argument("--world-size", type=positive_int("--world-size"), help="refuse files for another GPU count")
+    p.add_argument("--world-size", type=positive_int, help="refuse files for another GPU count")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_env)
 
@@ -565,14 +561,14 @@ def _env(p):
 @command("run", "run an XML on N local processes (gloo) and compare with torch's own collective")
 def _run(p):
     p.add_argument("file", metavar="FILE.xml")
-    p.add_argument("--nprocs", type=positive_int("--nprocs"), required=True)
+    p.add_argument("--nprocs", type=positive_int, required=True)
     p.add_argument("--size", type=size_arg, default=2**20, help="size as nccl-tests counts it (default 1MiB)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum", choices=("sum", "prod", "max", "min"))
     p.add_argument("--inplace", action="store_true", help="call the collective in place")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--iters", type=positive_int("--iters"), default=3)
-    p.add_argument("--timeout", type=non_negative_float("--timeout"), default=60.0, help="seconds per run")
+    p.add_argument("--iters", type=positive_int, default=3)
+    p.add_argument("--timeout", type=non_negative_float, default=60.0, help="seconds per run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_run)
 
@@ -583,10 +579,10 @@ def _library(p):
     p.add_argument("--collectives", default="allgather,allreduce", help="comma-separated (default allgather,allreduce)")
     p.add_argument("--sizes", type=size_range_arg, default=(1024, 2**30), metavar="LO:HI",
                    help="range of sizes covered, inclusive (default 1KiB:1GiB)")
-    p.add_argument("--band-factor", type=positive_int("--band-factor"), default=4,
+    p.add_argument("--band-factor", type=positive_int, default=4,
                    help="each band spans this factor of sizes (default 4)")
     p.add_argument("--method", default="auto")
-    p.add_argument("--time-limit", type=non_negative_float("--time-limit"), default=10.0, metavar="S",
+    p.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
                    help="seconds of planning per band (default 10)")
     p.add_argument("--proto", choices=("auto",) + PROTOCOLS, default="auto",
                    help="auto: LL up to 256KiB, LL128 up to 4MiB on NVIDIA, Simple above")
@@ -610,7 +606,7 @@ def _bench(p):
 def _profiles(p):
     p.add_argument("action", nargs="?", choices=["list", "show"], help="list (default) or show one profile")
     p.add_argument("name", nargs="?", help="profile name or file")
-    p.add_argument("--nodes", type=positive_int("--nodes"), default=1)
+    p.add_argument("--nodes", type=positive_int, default=1)
     p.add_argument("--size", type=size_arg, default=10**9, help="buffer size for the bounds (default 1GB)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_profiles)
@@ -631,7 +627,7 @@ def _verify(p):
     p.add_argument("file", metavar="FILE.xml")
     p.add_argument("--runtime", choices=RUNTIMES, default="all")
     p.add_argument("--demand", metavar="FILE", help="custom demand JSON (for coll=custom)")
-    p.add_argument("--max-findings", type=positive_int("--max-findings"), default=20)
+    p.add_argument("--max-findings", type=positive_int, default=20)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_verify)
 
