@@ -11,16 +11,17 @@ import json
 import os
 import sys
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .bounds import busbw, lower_bound
 from .collectives import COLLECTIVES, _ALIASES
 from .errors import CompileError
-from .profiles import list_profiles, load_topology
 from .program import PROTOCOLS
 from .verify import RUNTIMES as _VERIFY_RUNTIMES
-from .topology import Topology
 from .units import format_size, format_time, parse_size
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 PROG = "msccl-compile"
 RUNTIMES = ("all",) + _VERIFY_RUNTIMES
@@ -86,6 +87,23 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# Imported when a command needs them: `--help` and argument errors stay fast (no numpy, scipy,
+# networkx or jsonschema at start-up).
+def load_topology(spec: str, nodes: int = 1) -> "Topology":
+    from .profiles import load_topology as load
+    return load(spec, nodes)
+
+
+def lower_bound(topo, collective, size, root=None):
+    from .bounds import lower_bound as bound
+    return bound(topo, collective, size, root)
+
+
+def busbw(collective: str, ngpus: int, algbw: float) -> float:
+    from .bounds import busbw as bus
+    return bus(collective, ngpus, algbw)
+
+
 def emit_json(obj) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
@@ -143,6 +161,7 @@ def _profile_info(topo: Topology, size: int) -> dict:
 
 def cmd_profiles(args) -> int:
     if args.action in (None, "list"):
+        from .profiles import list_profiles
         infos = list_profiles()
         if args.json:
             emit_json([{"name": p.name, "ngpus": p.ngpus, "aliases": list(p.aliases), "description": p.description,
@@ -595,9 +614,9 @@ def _library(p):
 
 @command("bench", "nccl-tests-style sweep: torch's collective and the MSCCL algorithm side by side")
 def _bench(p):
-    from backends import bench
-    bench.configure(p)
-    p.set_defaults(run=bench.run)
+    from backends import bench_options
+    bench_options.configure(p)
+    p.set_defaults(run=bench_options.run)
 
 
 # ---- parser ---------------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from .errors import DemandError
 
 COLLECTIVES = ("allgather", "alltoall", "reduce_scatter", "allreduce", "broadcast", "reduce", "scatter", "gather")
@@ -74,6 +72,7 @@ class Demand:
 
     def masks(self) -> tuple[np.ndarray, np.ndarray]:
         """Boolean (chunks x ngpus) membership of sources and of destinations."""
+        import numpy as np
         src = np.zeros((len(self.chunks), self.ngpus), dtype=bool)
         dst = np.zeros_like(src)
         for i, c in enumerate(self.chunks):

@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-import networkx as nx
-
 SWITCH_KINDS = ("switch", "nic", "network")
 
 
@@ -196,7 +194,8 @@ class Topology:
                              key=lambda l: (l.src, l.dst)))
         return replace(self, links=links)
 
-    def to_networkx(self) -> nx.DiGraph:
+    def to_networkx(self):
+        import networkx as nx
         g = nx.DiGraph()
         for v in range(self.nvertices):
             g.add_node(v, name=self.vertex_name(v), gpu=self.is_gpu(v))
@@ -206,6 +205,7 @@ class Topology:
 
     def gpus_connected(self) -> bool:
         """Every GPU can reach every other GPU."""
+        import networkx as nx
         g = self.to_networkx()
         reach = nx.descendants(g, 0) | {0} if self.ngpus else set()
         back = nx.ancestors(g, 0) | {0} if self.ngpus else set()
