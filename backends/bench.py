@@ -214,8 +214,10 @@ class BenchResult:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
+        atomic_write(path, png.getvalue())
         return None
 
     def write(self, prefix: str | os.PathLike, plot: bool = True) -> list[str]:

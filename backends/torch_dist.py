@@ -835,6 +835,11 @@ def launch_local(worker: Callable, nprocs: int, payload=None, timeout: float = 6
                 results[rank] = data
             elif kind == "error":
                 errors[rank] = data
+    except BaseException:  # Ctrl-C, SIGTERM, a timeout: the children go at once, not after a join
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        raise
     finally:
         for proc in procs:
             proc.join(timeout=2.0)

@@ -60,7 +60,17 @@ class Traffic:
     @classmethod
     def of(cls, demand: Demand) -> "Traffic":
         src, dst = demand.masks()
-        return cls(src, dst, np.full(len(demand.chunks), demand.chunk_bytes), demand.reduce)
+        return cls(src, dst, np.full(len(demand.chunks), demand.chunk_bytes), demand.reduce).merged()
+
+    def merged(self) -> "Traffic":
+        """Chunks with the same holders and the same destinations as one row with their bytes
+        summed: every bound is a sum over such rows, and an alltoall cut into C chunks then costs
+        n^2 rows, not n^2 C."""
+        keys = np.concatenate([self.src, self.dst], axis=1)
+        rows, inverse = np.unique(keys, axis=0, return_inverse=True)
+        nbytes = np.bincount(inverse.ravel(), weights=self.nbytes, minlength=len(rows))
+        n = self.src.shape[1]
+        return Traffic(rows[:, :n], rows[:, n:], nbytes, self.reduce)
 
     def leaving(self, inside: np.ndarray) -> np.ndarray:
         """Bytes that must leave each GPU set; `inside` is (sets, ngpus) bool. A copy chunk must
@@ -188,7 +198,7 @@ def _structured_sets(topo: Topology, traffic: Traffic, worst: int = 12) -> list[
         local = _node_topology(topo)
         if local.nvertices <= EXACT_MAX_VERTICES and local.gpus_connected():
             inside, cap = _exhaustive_cuts(local)
-            sub = Traffic(traffic.src[:, :per], traffic.dst[:, :per], traffic.nbytes, traffic.reduce)
+            sub = Traffic(traffic.src[:, :per], traffic.dst[:, :per], traffic.nbytes, traffic.reduce).merged()
             ratio = sub.leaving(inside) / cap
             for idx in np.argsort(-ratio, kind="stable")[:worst]:
                 members = tuple(int(g) for g in np.flatnonzero(inside[idx]))

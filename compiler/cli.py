@@ -6,16 +6,38 @@ CompileError, printed as one line with exit status 2.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import signal
 import sys
+
+
+def _exit_interrupted(signum=None, frame=None) -> None:
+    """Ctrl-C or SIGTERM: staged outputs are already gone (fileio.outputs); leave now, without
+    waiting for a solver thread or worker processes to wind down."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+PROG = "msccl-compile"
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == PROG:  # run as the program: while the rest is
+    # imported, a signal just ends the process (main() then turns signals into KeyboardInterrupt)
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    signal.signal(signal.SIGTERM, _exit_interrupted)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from . import __version__
+from . import __version__  # noqa: E402
 from .collectives import COLLECTIVES, _ALIASES
 from .errors import CompileError
+from .fileio import outputs
 from .program import PROTOCOLS
 from .verify import RUNTIMES as _VERIFY_RUNTIMES
 from .units import format_size, format_time, parse_size
@@ -23,7 +45,6 @@ from .units import format_size, format_time, parse_size
 if TYPE_CHECKING:
     from .topology import Topology
 
-PROG = "msccl-compile"
 RUNTIMES = ("all",) + _VERIFY_RUNTIMES
 
 
@@ -686,8 +707,15 @@ def _unknown_command(argv: list[str]) -> str | None:
             f"(collectives: {', '.join(COLLECTIVES)}; commands: {', '.join(c for c in COMMANDS if c not in COLLECTIVES)})")
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the shell ignored it (cmd &)
     try:
         unknown = _unknown_command(argv)
         if unknown:
@@ -702,13 +730,13 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "run", None):
             parser.print_help()
             return 2
-        return args.run(args) or 0
+        with outputs():  # files are written when the command finishes, or not at all
+            return args.run(args) or 0
     except CompileError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        _exit_interrupted()
     except BrokenPipeError:
         return 0
     except Exception as e:  # a bug, not bad input: one line unless asked for the traceback

@@ -1,34 +1,127 @@
 """Reading input files with one-line errors, and writing output files atomically: a reader never
-sees half a file, an error leaves none."""
+sees half a file, an error or an interrupt leaves none.
+
+Inside `outputs()` (the CLI runs every command in one), `atomic_write` only stages a file next to
+its target; the staged files replace their targets together when the block ends normally, with
+SIGINT and SIGTERM held back for those few renames. An exception (an error, Ctrl-C) removes what
+was staged, so a command that does not finish writes nothing. Outside `outputs()` a write is
+immediate (library callers).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from .errors import CompileError
 
+_staged: list[list[tuple[str, Path]]] = []  # one list of (temporary file, target) per open outputs()
 
-def atomic_write(path: str | os.PathLike, text: str) -> None:
+
+def _where(path: str | os.PathLike) -> tuple[Path, Path]:
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise CompileError(f"{path}: directory {str(directory)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    if target.is_dir():
+        raise CompileError(f"{path}: is a directory, not a file")
+    return target, directory
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _stage(path: str | os.PathLike, data: bytes) -> tuple[str, Path]:
+    target, directory = _where(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise CompileError(f"{path}: cannot write in {str(directory)!r}: {_reason(e)}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+    except BaseException as e:
+        _unlink(tmp)
+        if isinstance(e, OSError):
+            raise CompileError(f"{path}: cannot write: {_reason(e)}") from None
+        raise
+    return tmp, target
+
+
+def _unlink(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def _replace(tmp: str, target: Path) -> None:
+    try:
         os.replace(tmp, target)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise CompileError(f"{path}: cannot write: {e.strerror or e}") from None
+        _unlink(tmp)
+        raise CompileError(f"{target}: cannot write: {_reason(e)}") from None
+
+
+def check_writable(path: str | os.PathLike, field: str = "") -> None:
+    """Fail now, not after planning, where `path` cannot be written: a missing directory, a
+    directory in its place, a file system that refuses new files (/proc, /sys, read-only)."""
+    where = f"{field}: " if field else ""
+    try:
+        target, directory = _where(path)
+    except CompileError as e:
+        raise CompileError(f"{where}{e}") from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=directory)
+    except OSError as e:
+        raise CompileError(f"{where}{path}: cannot create files in {str(directory)!r}: {_reason(e)}") from None
+    os.close(fd)
+    _unlink(tmp)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise CompileError(f"{where}{path}: the file exists and is not writable")
+
+
+def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    staged = _stage(path, data)
+    if _staged:
+        _staged[-1].append(staged)
+    else:
+        _replace(*staged)
+
+
+@contextlib.contextmanager
+def outputs() -> Iterator[None]:
+    """Every atomic_write inside takes effect when the block ends normally, or not at all."""
+    mine: list[tuple[str, Path]] = []
+    _staged.append(mine)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in mine:
+            _unlink(tmp)
+        raise
+    finally:
+        _staged.remove(mine)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        for i, (tmp, target) in enumerate(mine):
+            try:
+                _replace(tmp, target)
+            except CompileError:
+                for rest, _ in mine[i + 1:]:
+                    _unlink(rest)
+                raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def read_input(path: str | os.PathLike, what: str, error: type[CompileError] = CompileError,

@@ -6,6 +6,8 @@ as the time reverse of their copy dual by the others; allreduce as reduce-scatte
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Callable
 
 from ..collectives import Demand
@@ -51,14 +53,20 @@ def get(name: str) -> Planner:
 
 
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
-    """Plan `demand` with options.method, handling reductions for planners that only move copies."""
+    """Plan `demand` with options.method, handling reductions for planners that only move copies.
+    The plan returns by options.deadline, or time_limit seconds from now where none is set."""
+    if options.deadline is None:
+        options = replace(options, deadline=time.perf_counter() + options.time_limit)
     planner = get(options.method)
     if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
         return planner(topo, demand, options)
     from .compose import allreduce_phases, concatenate, dual_demand, reverse_schedule
     if any(len(c.dests) > 1 for c in demand.chunks):
         rs, ag = allreduce_phases(demand)
-        return concatenate(plan(topo, rs, options), plan(topo, ag, options), demand)
+        half = (options.deadline - time.perf_counter()) / 2  # the reduce-scatter phase may not take it all
+        first = plan(topo, rs, replace(options, deadline=time.perf_counter() + half,
+                                        time_limit=min(options.time_limit, half)))
+        return concatenate(first, plan(topo, ag, options), demand)
     dual = planner(topo.reversed(), dual_demand(demand), options)
     return reverse_schedule(dual, demand, topo)
 

@@ -77,6 +77,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     from . import PLANNERS, plan as plan_with
     from ..simulate import simulate
     t0 = time.perf_counter()
+    deadline = t0 + options.time_limit * BUDGET
+    if options.deadline is not None:
+        deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
     refinements = REFINEMENTS if options.refine else (1,)
     results: list[tuple[float, int, str, Schedule, float]] = []
     failed, skipped = [], []
@@ -99,7 +102,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
                 skipped.append(f"{method} at {parts}x (a candidate already reaches {max(r[4] for r in results):.3f} "
                                "of the bound)")
                 continue
-            left = options.time_limit * BUDGET - (time.perf_counter() - t0)
+            left = deadline - time.perf_counter()
             if left <= 1.0 and results:
                 skipped.append(f"{method} at {parts}x (time limit reached)")
                 continue
@@ -107,7 +110,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             share = (left * FIRST_SHARE if n == 0 else left / (len(refinements) - n)) \
                 if method in ("milp", "lp", "rounds") and len(refinements) > 1 else left
             try:
-                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share)))
+                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share), deadline=deadline))
             except CompileError as e:
                 failed.append(f"{method} at {parts}x: {e}")
                 if method == "milp" and "lp" not in methods and "rounds" not in methods:

@@ -126,8 +126,8 @@ class FluidModel:
         self.problem = cp.Problem(cp.Minimize(-cp.sum(D) / max(1.0, amount.sum()) + FLOW_PENALTY * cp.sum(f)), cons)
         self.horizon = K
 
-    def solve(self, time_limit: float, verbose: bool):
-        return solve(self.problem, time_limit=time_limit, verbose=verbose, ipm=True)
+    def solve(self, time_limit: float, verbose: bool, deadline: float | None = None):
+        return solve(self.problem, time_limit=time_limit, verbose=verbose, ipm=True, deadline=deadline)
 
 
 def fluid_expansion(topo: Topology, demand: Demand, bound_s: float, tau: float | None = None) -> TimeExpansion:
@@ -264,12 +264,13 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     tried = []
     model = None
     while True:
-        left = options.time_limit - (time.perf_counter() - t0)
+        left = options.left(t0)
         if left <= 0.5:
-            raise InfeasibleError(f"lp: no feasible horizon found within --time-limit {options.time_limit:g} s "
-                                  f"(tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us)")
+            what = f"tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us" if tried else "no horizon tried"
+            raise InfeasibleError(f"lp: no feasible horizon found within the time limit of {options.time_limit:g} s "
+                                  f"({what})")
         m = FluidModel(topo, demand, te, k, sym)
-        res = m.solve(left * 0.6, options.verbose)
+        res = m.solve(left * 0.6, options.verbose, options.deadline)
         tried.append(str(k))
         if not res.has_solution and res.status != "infeasible":
             raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}); "

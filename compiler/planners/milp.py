@@ -357,7 +357,8 @@ def _baseline(topo, demand, options) -> Schedule | None:
 
 
 def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | None, multicast: bool,
-                   budget: float, report, sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
+                   budget: float, report, sym: Symmetry | None = None,
+                   deadline: float | None = None) -> tuple[int, str, dict | None]:
     """Smallest horizon the MILP finds feasible: doubling from the lower bound, then bisection.
     Returns (horizon, how it was chosen, solution values of the last feasible probe)."""
     t0 = time.perf_counter()
@@ -377,7 +378,8 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         left = budget - (time.perf_counter() - t0)  # building the model took some of it
         if left <= 0.5:
             break
-        res = solve(model.problem, time_limit=left, first_feasible=True, label=f"horizon {k}: ", progress=report)
+        res = solve(model.problem, time_limit=left, first_feasible=True, label=f"horizon {k}: ", progress=report,
+                    deadline=deadline)
         probes.append(f"{k}:{'ok' if res.has_solution else res.status}")
         if report:
             report(f"horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
@@ -401,7 +403,7 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         if budget - (time.perf_counter() - t0) <= 0.5:
             break
         res = solve(model.problem, time_limit=budget - (time.perf_counter() - t0), first_feasible=True,
-                    label=f"horizon {mid}: ", progress=report)
+                    label=f"horizon {mid}: ", progress=report, deadline=deadline)
         probes.append(f"{mid}:{'ok' if res.has_solution else res.status}")
         if res.has_solution:
             feasible, values = mid, None
@@ -457,18 +459,18 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
     report = options.progress
     base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
-    budget = options.time_limit - (time.perf_counter() - t0)
+    budget = options.left(t0)
     horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
-                                        budget * 0.4, report, sym)
+                                        budget * 0.4, report, sym, options.deadline)
     te = te.with_horizon(horizon, reason)
     model = build(topo, demand, te, horizon, options.multicast, sym=sym)
     warm = warm_values(model, topo, base.transfers) if base is not None and horizon >= base.epochs else None
-    left = max(1.0, options.time_limit - (time.perf_counter() - t0))
+    left = max(1.0, options.left(t0))
     if report:
         report(f"solving at horizon {horizon} epochs ({len(model.flows)} flow variables, "
                f"{'warm start from ' + base.planner if warm else 'cold start'})")
     res = solve(model.problem, time_limit=left, gap=options.gap, warm=warm, verbose=options.verbose,
-                progress=report, label=f"horizon {horizon}: ")
+                progress=report, label=f"horizon {horizon}: ", deadline=options.deadline)
     if not res.has_solution:
         if base is not None and horizon >= base.epochs:
             return base.with_notes(f"milp found no solution in {options.time_limit:g} s; kept the {base.planner} baseline")

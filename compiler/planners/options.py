@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,3 +20,12 @@ class PlanOptions:
     verbose: bool = False  # forward the solver log
     progress: Callable[[str], None] | None = None  # one-line progress reports (elapsed, horizon, incumbent, gap)
     refine: bool = False  # auto may cut chunks into sub-chunks (when the user did not fix --chunks)
+    # time.perf_counter() value by which planning returns; plan() sets it from time_limit, and every
+    # solve and loop below it respects it (a sub-plan may get a shorter time_limit, never a later deadline)
+    deadline: float | None = None
+
+    def left(self, t0: float) -> float:
+        """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""
+        now = time.perf_counter()
+        left = self.time_limit - (now - t0)
+        return left if self.deadline is None else min(left, self.deadline - now)

@@ -153,7 +153,7 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
     timed_out = False
     greedy_windows = 0
     while state.needs():
-        left = options.time_limit - (time.perf_counter() - t0)
+        left = options.left(t0)
         if left < -GRACE * options.time_limit:
             raise InfeasibleError(f"rounds: time limit of {options.time_limit:g} s reached after {windows} windows "
                                   f"({epoch} epochs) with {state.needs()} deliveries outstanding; raise --time-limit")
@@ -175,7 +175,7 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
         solved = left > MIN_SOLVE
         if solved:
             res = solve(problem, time_limit=share, gap=options.gap, warm=warm, verbose=options.verbose,
-                        progress=report, label=f"window {windows + 1}: ")
+                        progress=report, label=f"window {windows + 1}: ", deadline=options.deadline)
             solved = res.has_solution
         if solved:
             how = (f"{res.status}, {res.seconds:.1f} s, objective {res.objective:.6g} from the greedy's {first:.6g}, "

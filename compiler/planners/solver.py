@@ -22,9 +22,11 @@ from cvxpy.settings import A, B, BOOL_IDX, C, DIMS, EQ_DIM, INT_IDX, LEQ_DIM, LO
 
 from ..errors import CompileError
 
+POLL_S = 0.05  # how often the waiting thread looks at signals and the deadline
+
 _STATUS = {
     "kOptimal": "optimal", "kTimeLimit": "time_limit", "kInfeasible": "infeasible",
-    "kUnboundedOrInfeasible": "infeasible", "kUnbounded": "unbounded", "kInterrupt": "interrupted",
+    "kUnboundedOrInfeasible": "infeasible", "kUnbounded": "unbounded", "kInterrupt": "time_limit",  # we interrupt only at the deadline
     "kSolutionLimit": "solution_limit", "kIterationLimit": "iteration_limit", "kObjectiveBound": "objective_bound",
     "kObjectiveTarget": "objective_target",
 }
@@ -76,13 +78,31 @@ def _columns(param_prob, variables) -> dict:
     return {v: param_prob.var_id_to_col[v.id] for v in variables}
 
 
+def run_interruptibly(h: highspy.Highs, deadline: float | None) -> None:
+    """h.run() in HiGHS's solver thread while this (the main) thread waits, so that Ctrl-C and
+    SIGTERM reach Python at once: the solve is cancelled and KeyboardInterrupt propagates (HiGHS
+    would otherwise report the interrupt as one failed solve and the caller carry on). Past
+    `deadline` (a time.perf_counter() value) the solve is cancelled too: HiGHS's own time limit
+    is not checked everywhere (presolve, crossover), the caller's promise is."""
+    h.HandleUserInterrupt = True
+    h.startSolve()
+    try:
+        while not h.wait(POLL_S)[0]:
+            if deadline is not None and time.perf_counter() > deadline:
+                h.cancelSolve()
+    except KeyboardInterrupt:
+        h.cancelSolve()
+        raise
+
+
 def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: dict | None = None,
           verbose: bool = False, progress=None, label: str = "", first_feasible: bool = False,
-          ipm: bool = False) -> SolveResult:
+          ipm: bool = False, deadline: float | None = None) -> SolveResult:
     """Solve `problem` with HiGHS; variable values are set on the problem's variables.
 
     warm: {cp.Variable: np.ndarray} for a MIP start. progress: called with one-line reports.
-    first_feasible: stop at the first integer solution (horizon probes)."""
+    first_feasible: stop at the first integer solution (horizon probes). deadline: a
+    time.perf_counter() value the solve never outlives, whatever time_limit says."""
     t0 = time.perf_counter()
     data, _chain, _inv = problem.get_problem_data(cp.HIGHS)
     build = time.perf_counter() - t0
@@ -118,6 +138,8 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
     h.setOptionValue("output_flag", bool(verbose))
     h.setOptionValue("log_to_console", bool(verbose))
     remaining = max(0.5, time_limit - build)
+    if deadline is not None:
+        remaining = max(0.05, min(remaining, deadline - time.perf_counter()))
     h.setOptionValue("time_limit", float(remaining))
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("random_seed", 0)
@@ -155,9 +177,9 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
         h.cbMipInterrupt.subscribe(report)
     if verbose:  # HiGHS logs to stdout; keep stdout for our own output (--json)
         with _stdout_to_stderr():
-            h.run()
+            run_interruptibly(h, deadline)
     else:
-        h.run()
+        run_interruptibly(h, deadline)
     info = h.getInfo()
     status = _STATUS.get(h.getModelStatus().name, h.getModelStatus().name)
     if status == "unbounded":
