@@ -585,8 +585,9 @@ def _cases(coll: str, sizes: list[int], n: int, itemsize: int, inplace: bool, xm
         elif headers is not None:
             h = td.select_algorithm(headers, coll, E * itemsize, n, itemsize, call_inplace)
             if h is None:
-                notes.append(f"size {size} B: no library file covers it (the runtime would use NCCL's own "
-                             f"algorithm): no msccl column")
+                why = td.why_not_selected(headers, coll, E * itemsize, n, itemsize, call_inplace)
+                notes.append(f"size {size} B: no library file is selected ({why}); the runtime would use NCCL's "
+                             f"own algorithm: no msccl column")
             else:
                 algo = h.label
                 program = cache.get(h.path) or cache.setdefault(h.path, read_xml(h.path))

@@ -391,6 +391,33 @@ def select_algorithm(files, collective: str, size_bytes: int, ngpus: int, itemsi
     return None
 
 
+def why_not_selected(files, collective: str, size_bytes: int, ngpus: int, itemsize: int = 4,
+                     inplace: bool = False) -> str:
+    """Why select_algorithm finds no file: the rule that removed the last candidates, with the
+    files it removed (the runtime applies the same rules in the same order)."""
+    coll = canonical(collective)
+    elems = size_bytes // itemsize
+    kind = "in-place" if inplace else "out-of-place"
+    rules = (
+        (f"no file is for {coll}", lambda h: h.collective == coll),
+        (f"no {coll} file is for {ngpus} ranks", lambda h: h.ngpus == ngpus),
+        (f"no {coll} file allows {kind} calls", lambda h: h.inplace if inplace else h.outofplace),
+        (f"no {coll} file's minBytes..maxBytes covers {size_bytes} B",
+         lambda h: h.min_bytes <= size_bytes and (not h.max_bytes or size_bytes <= h.max_bytes)),
+        (f"the element count {elems} is not divisible by nchunksperloop",
+         lambda h: h.nchunksperloop > 0 and elems % h.nchunksperloop == 0),
+    )
+    left = sorted(_headers(files), key=lambda h: h.path)
+    for why, keep in rules:
+        kept = [h for h in left if keep(h)]
+        if not kept:
+            if "divisible" in why:
+                return f"{why} of " + ", ".join(f"{Path(h.path).name} ({h.nchunksperloop})" for h in left[:3])
+            return why + (f" (closest: {', '.join(Path(h.path).name for h in left[:3])})" if left else "")
+        left = kept
+    return "a file covers it"
+
+
 # ==== the executor ===============================================================================
 
 _OPS: dict[str, Callable] = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}

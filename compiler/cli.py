@@ -35,12 +35,12 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from . import __version__  # noqa: E402
-from .collectives import COLLECTIVES, _ALIASES
+from .collectives import COLLECTIVES, ROOTED, _ALIASES
 from .errors import CompileError
 from .fileio import outputs
 from .program import PROTOCOLS
 from .verify import RUNTIMES as _VERIFY_RUNTIMES
-from .units import format_size, format_time, parse_size
+from .units import DTYPE_BYTES, format_size, format_time, parse_size
 
 if TYPE_CHECKING:
     from .topology import Topology
@@ -258,21 +258,41 @@ class Progress:
             print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def build_demand(args, topo: Topology):
-    from .collectives import load_custom_demand, make_demand
+def build_demand(args, topo: Topology, warnings: list[str]):
+    from .collectives import demand_counts, load_custom_demand, make_demand
     if args.collective == "custom":
         if not args.demand:
             raise ArgumentError("custom: --demand FILE is required")
-        return load_custom_demand(args.demand, topo.ngpus, args.size, args.chunks or 1)
-    if args.demand:
-        raise ArgumentError(f"{args.collective}: --demand is only for the custom collective")
-    return make_demand(args.collective, topo.ngpus, args.size, args.chunks or 1, args.root)
+        make = lambda size: load_custom_demand(args.demand, topo.ngpus, size, args.chunks or 1)  # noqa: E731
+    else:
+        require_memory(args.collective, topo.ngpus, *demand_counts(args.collective, topo.ngpus, args.chunks or 1))
+        make = lambda size: make_demand(args.collective, topo.ngpus, size, args.chunks or 1, args.root)  # noqa: E731
+    demand = make(args.size)
+    size = whole_elements(demand, args.dtype, args.size)
+    if size != args.size:
+        warnings.append(f"--size {args.size}B rounded down to {size}B: each of its {round(args.size / demand.chunk_bytes)} "
+                        f"chunks must hold whole {args.dtype} elements")
+        demand = make(size)
+    return demand
+
+
+def whole_elements(demand, dtype: str, size: int) -> int:
+    """The largest size <= `size` whose chunks hold whole elements; CompileError below one element
+    per chunk (the runtime splits a buffer into nchunksperloop pieces of whole elements)."""
+    elem = DTYPE_BYTES[dtype]
+    pieces = round(size / demand.chunk_bytes)
+    least = pieces * elem
+    if size < least:
+        raise ArgumentError(f"--size: {format_size(size)} is below the minimum of {least}B for {demand.collective} on "
+                            f"{demand.ngpus} GPUs: {pieces} chunks of at least one {elem}-byte {dtype} element")
+    return size - size % least
 
 
 def plan_options(args):
     from .planners import PlanOptions
     return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
                        multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
+                       element_bytes=DTYPE_BYTES[args.dtype],
                        progress=Progress(sys.stderr.isatty() and not args.verbose))
 
 
@@ -281,29 +301,17 @@ def default_xml_name(demand, topo: Topology) -> str:
     return f"{demand.collective.replace('_', '-')}-{topo.profile.replace(':', '')}{nodes}.xml"
 
 
-def runtimes_for(collective: str, requested: str) -> tuple[str, ...]:
-    """Runtimes a program is verified for: 'all' means every runtime that has the collective
-    (legacy MSCCL has no scatter or gather; only legacy has custom)."""
-    if requested != "all":
-        return (requested,)
-    if collective in ("scatter", "gather"):
-        return ("executor", "rccl")
-    if collective == "custom":
-        return ("old",)
-    return ("all",)
-
-
 def lower_verified(schedule, topo: Topology, options, runtime: str):
-    """Lower and verify for every runtime that has the collective; (program, runtimes verified)."""
+    """Lower and verify for the runtimes the collective targets (verify.target_runtimes);
+    (program, runtimes verified)."""
     from .lowering import lower
-    from .verify import verify
+    from .verify import target_runtimes, verify
+    verified_for = target_runtimes(schedule.demand.collective, runtime)
     program = lower(schedule, topo, options)
-    verified_for = runtimes_for(program.collective, runtime)
-    for rt in verified_for:
-        verdict = verify(program, rt, demand=schedule.demand.split(options.instances), sms=topo.sms)
-        if not verdict.ok:
-            raise CompileError(f"internal: the lowered program failed verification for {rt} "
-                               f"({verdict.summary()}); please report this with --schedule-out")
+    verdict = verify(program, runtime, demand=schedule.demand.split(options.instances), sms=topo.sms)
+    if not verdict.ok:
+        raise CompileError(f"internal: the lowered program failed verification for {'/'.join(verified_for)} "
+                           f"({verdict.summary()}); please report this with --schedule-out")
     return program, verified_for
 
 
@@ -311,7 +319,7 @@ def write_program(program, path: str, runtime: str, verified_for) -> list[str]:
     """The XML, spelled for the runtime (executor/RCCL when 'all'), plus the legacy reduce_scatter
     twin when every runtime was asked for."""
     from backends.msccl_xml import save_xml
-    spelling = "executor" if runtime == "all" and tuple(verified_for) != ("old",) else verified_for[0]
+    spelling = verified_for[0] if len(verified_for) == 1 else "executor"  # executor and RCCL spell alike
     save_xml(program, path, spelling)
     written = [path]
     if program.collective == "reduce_scatter" and runtime == "all":
@@ -342,11 +350,36 @@ def lower_and_write(args, schedule, topo: Topology) -> dict:
             "program_time_s": timing.finish_time_s, "program_algbw_GBps": timing.algbw / 1e9}
 
 
+def require_memory(collective: str, ngpus: int, chunks: int, endpoints: int, deliveries: int) -> None:
+    from . import memory
+    memory.require(memory.demand_bytes(chunks, endpoints, deliveries),
+                   f"{collective} on {ngpus:,} GPUs ({deliveries:,} deliveries)")
+
+
+def output_checks(args, warnings: list[str]) -> None:
+    """What can be known before planning: the files can be written, the size fits the range."""
+    from .fileio import check_writable
+    if not args.no_xml and args.output:
+        check_writable(args.output, "-o")
+    if args.schedule_out:
+        check_writable(args.schedule_out, "--schedule-out")
+    if args.size_range and not args.size_range[0] <= args.size < args.size_range[1]:
+        lo, hi = args.size_range
+        warnings.append(f"--size {format_size(args.size)} is outside --size-range {format_size(lo)}:{format_size(hi)}: "
+                        "the runtime will not use this file for the size it was planned for")
+
+
 def cmd_collective(args) -> int:
     from .planners import plan
     from .simulate import simulate
+    from .verify import target_runtimes
+    warnings: list[str] = []
+    output_checks(args, warnings)
     topo = load_topology(args.hw, args.nodes)
-    demand = build_demand(args, topo)
+    target_runtimes(args.collective, args.runtime)  # refused now, not after planning
+    demand = build_demand(args, topo, warnings)
+    for w in warnings:
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
     schedule = plan(topo, demand, plan_options(args))
     demand = schedule.demand  # auto may have cut the chunks finer
     metrics = simulate(topo, schedule)
@@ -363,7 +396,7 @@ def cmd_collective(args) -> int:
         "bound_ratio": metrics.bound_ratio, "output_buffer_bytes": metrics.output_buffer_bytes,
         "scratch_bytes": metrics.scratch_bytes, "ntransfers": len(schedule.transfers),
         "lp_value_s": schedule.lp_value, "notes": list(schedule.notes),
-        "schedule": args.schedule_out, **xml,
+        "schedule": args.schedule_out, "warnings": warnings, **xml,
     }
     if args.json:
         emit_json(out)
@@ -397,24 +430,26 @@ def cmd_collective(args) -> int:
 def cmd_verify(args) -> int:
     from backends.msccl_xml import read_xml
     from .collectives import load_custom_demand
-    from .verify import verify
+    from .verify import target_runtimes, verify
     program = read_xml(args.file)
     demand = None
     if args.demand:
         demand = load_custom_demand(args.demand, program.ngpus, program.nchunksperloop)
     verdict = verify(program, args.runtime, demand=demand)
+    runtimes = target_runtimes(program.collective) if args.runtime == "all" else (args.runtime,)
+    label = "/".join(runtimes)
     if args.json:
-        emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
+        emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime, "runtimes": list(runtimes),
                    "collective": program.collective, "ngpus": program.ngpus,
                    "findings": [{"rule": f.rule, "rank": f.rank, "tb": f.tb, "step": f.step, "message": f.message}
                                 for f in verdict.findings]})
     else:
         if verdict.ok:
-            print(f"{args.file}: correct for runtime {args.runtime} ({program.collective}, {program.ngpus} GPUs, "
+            print(f"{args.file}: correct for {label} ({program.collective}, {program.ngpus} GPUs, "
                   f"{program.nthreadblocks_max} thread blocks, {program.nsteps_max} steps per block at most)")
         else:
             print(f"{args.file}: {len(verdict.findings)} problem{'s' if len(verdict.findings) > 1 else ''} "
-                  f"for runtime {args.runtime}")
+                  f"for {label}")
             for f in verdict.findings[:args.max_findings]:
                 print(f"  [{f.rule}] {f.message}")
             if len(verdict.findings) > args.max_findings:
@@ -455,7 +490,10 @@ def add_collective(p, name: str) -> None:
                         "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="chunks per rank (default: auto tries 1, 2, 4 and 8 and keeps the fastest; other methods 1)")
-    p.add_argument("--root", type=int, default=None, help="root rank (broadcast, reduce, scatter, gather)")
+    if name in ROOTED:
+        p.add_argument("--root", type=int, default=None, help="root rank (default 0)")
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
+                   help="element type: a chunk is whole elements (default float32)")
     p.add_argument("--method", choices=METHODS, default="auto")
     p.add_argument("--time-limit", type=non_negative_float, default=60.0, metavar="S",
                    help="seconds for planning (default 60)")
@@ -466,7 +504,8 @@ def add_collective(p, name: str) -> None:
     p.add_argument("--multicast", action="store_true",
                    help="let switches marked multicast copy (NVLS); such schedules are simulated, not lowered")
     p.add_argument("--schedule-out", metavar="FILE", help="write the schedule as JSON")
-    p.add_argument("--demand", metavar="FILE", help="custom demand JSON (collective 'custom')")
+    if name == "custom":
+        p.add_argument("--demand", metavar="FILE", help="the demand: JSON {\"chunks\": [{\"from\": 0, \"to\": [1]}]}")
     p.add_argument("--verbose", action="store_true", help="forward the solver log to stderr")
     p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
     p.add_argument("--no-xml", action="store_true", help="plan and simulate only")
@@ -479,7 +518,7 @@ def add_collective(p, name: str) -> None:
                    help="runtime whose limits to meet: executor (msccl-executor-nccl), old (microsoft/msccl), "
                         "rccl, or all (default)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(run=cmd_collective, collective=name)
+    p.set_defaults(run=cmd_collective, collective=name, root=None, demand=None)
 
 
 # ---- training integration: env, run, library, bench ----------------------------------------------
@@ -527,7 +566,7 @@ def cmd_library(args) -> int:
     import math
     from pathlib import Path
     from .collectives import canonical, make_demand
-    from .fileio import atomic_write
+    from .fileio import atomic_write, check_writable, make_directory, remove_later
     from .lowering import LowerOptions
     from .planners import PlanOptions, plan
     from .simulate import simulate
@@ -544,11 +583,12 @@ def cmd_library(args) -> int:
     if out.exists() and any(p.is_file() for p in out.iterdir()) and not args.force:
         raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
                             "to replace the directory's XML files)")
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out / "manifest")
+    check_writable(out / "manifest" / "manifest.json", "-o")
     if args.force:
         for f in out.iterdir():
             if f.is_file() and f.name.endswith(".xml"):
-                f.unlink()
+                remove_later(f)
     entries = []
     progress = Progress(sys.stderr.isatty())
     for coll in colls:
@@ -579,7 +619,6 @@ def cmd_library(args) -> int:
                       f"{format_size(size)} ({metrics.bound_ratio:.3f} of the bound)", flush=True)
     manifest = {"format": "msccl-compile/library-v1", "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
                 "runtime": args.runtime, "sizes": [lo, hi], "algorithms": entries}
-    (out / "manifest").mkdir(exist_ok=True)
     atomic_write(out / "manifest" / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     if args.json:
         emit_json(manifest)
@@ -711,6 +750,31 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--size -1MB` as `--size=-1MB`: argparse would read -1MB as an option and say only
+    "expected one argument"; joined, the value reaches its parser, which says what is wrong."""
+    out: list[str] = []
+    for a in argv:
+        prev = out[-1] if out else ""
+        if a[:1] == "-" and a[1:2].isdigit() or a[:2] == "-.":
+            if prev.startswith("--") and "=" not in prev and len(prev) > 2:
+                out[-1] = f"{prev}={a}"
+                continue
+        out.append(a)
+    return out
+
+
+def unrecognized(args, extra: list[str]) -> str:
+    sub = getattr(args, "command", None) or getattr(args, "collective", None)
+    where = f"{sub}: " if sub else ""
+    why = ""
+    if "--root" in extra and getattr(args, "collective", None):
+        why = f" ({args.collective} has no root; broadcast, reduce, scatter and gather have one)"
+    elif "--demand" in extra and getattr(args, "collective", None):
+        why = " (--demand is for the custom collective)"
+    return f"{where}unrecognized arguments: {' '.join(extra)}{why}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
@@ -726,7 +790,9 @@ def main(argv: list[str] | None = None) -> int:
                     argv[i] = _ALIASES[a.lower()]
                 break
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(join_negative_values(argv))
+        if extra:
+            raise ArgumentError(unrecognized(args, extra))
         if not getattr(args, "run", None):
             parser.print_help()
             return 2

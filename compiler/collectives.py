@@ -128,6 +128,18 @@ def _check(ngpus: int, size: int, chunks: int, root: int | None, collective: str
         raise DemandError(f"--root: {root} is out of range (ranks 0..{ngpus - 1})")
 
 
+def demand_counts(collective: str, ngpus: int, chunks: int = 1) -> tuple[int, int, int]:
+    """(chunks, sources + destinations over all chunks, deliveries) of make_demand's result,
+    without building it (memory is checked before a large demand is built)."""
+    coll, n, C = canonical(collective), ngpus, chunks
+    shape = {  # chunks, endpoints per chunk, deliveries per chunk
+        "allgather": (n * C, 1 + n, n - 1), "alltoall": (n * n * C, 2, 1), "reduce_scatter": (n * C, n + 1, 1),
+        "allreduce": (n * C, 2 * n, n), "broadcast": (C, 1 + n, n - 1), "reduce": (C, n + 1, 1),
+        "scatter": (n * C, 2, 1), "gather": (n * C, 2, 1),
+    }[coll]
+    return shape[0], shape[0] * shape[1], shape[0] * shape[2]
+
+
 def make_demand(collective: str, ngpus: int, size_bytes: int, chunks: int = 1, root: int | None = None) -> Demand:
     """The standard collectives. `size_bytes` is nccl-tests' size: allgather the whole output,
     reduce_scatter the whole input, alltoall one rank's send buffer, the others the buffer."""

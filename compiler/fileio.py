@@ -19,7 +19,9 @@ from typing import Iterator
 
 from .errors import CompileError
 
-_staged: list[list[tuple[str, Path]]] = []  # one list of (temporary file, target) per open outputs()
+# one list per open outputs(): (temporary file, target) to rename, (None, target) to remove,
+# (directory, None) made for the outputs and removed again on failure
+_staged: list[list[tuple[str | None, Path | None]]] = []
 
 
 def _where(path: str | os.PathLike) -> tuple[Path, Path]:
@@ -98,28 +100,64 @@ def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
         _replace(*staged)
 
 
+def remove_later(path: str | os.PathLike) -> None:
+    """Remove `path` when the outputs are committed (at once outside outputs())."""
+    if _staged:
+        _staged[-1].append((None, Path(path)))
+    else:
+        Path(path).unlink(missing_ok=True)
+
+
+def make_directory(path: str | os.PathLike) -> None:
+    """mkdir -p, undone (when still empty) if the outputs are not committed."""
+    target = Path(path)
+    missing = [p for p in [target, *target.parents] if not p.exists()]
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CompileError(f"{path}: cannot create the directory: {_reason(e)}") from None
+    if _staged:
+        _staged[-1].extend((str(p), None) for p in missing)
+
+
+def _abort(staged) -> None:
+    for tmp, target in staged:
+        if tmp is not None and target is not None:
+            _unlink(tmp)
+    for tmp, target in staged:
+        if target is None:
+            try:
+                os.rmdir(tmp)
+            except OSError:
+                pass
+
+
 @contextlib.contextmanager
 def outputs() -> Iterator[None]:
-    """Every atomic_write inside takes effect when the block ends normally, or not at all."""
-    mine: list[tuple[str, Path]] = []
+    """Every atomic_write (and remove_later) inside takes effect when the block ends normally,
+    or not at all."""
+    mine: list[tuple[str | None, Path | None]] = []
     _staged.append(mine)
     try:
         yield
     except BaseException:
-        for tmp, _ in mine:
-            _unlink(tmp)
+        _abort(mine)
         raise
     finally:
         _staged.remove(mine)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         for i, (tmp, target) in enumerate(mine):
+            if target is None:
+                continue
             try:
-                _replace(tmp, target)
-            except CompileError:
-                for rest, _ in mine[i + 1:]:
-                    _unlink(rest)
-                raise
+                if tmp is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    _replace(tmp, target)
+            except (CompileError, OSError) as e:
+                _abort(mine[i + 1:])
+                raise CompileError(str(e)) from None
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 

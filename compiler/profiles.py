@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import networkx as nx
 
+from . import memory
 from .errors import ProfileError
 from .topology import Link, Nic, Switch, Topology
 
@@ -225,6 +226,10 @@ def load_topology(spec: str, nodes: int = 1) -> Topology:
     doc, origin = load_profile_doc(spec)
     if nodes > 1 and not doc["nics"]:
         raise ProfileError(f"{origin}: nics: [] has no NIC, so --nodes {nodes} cannot join nodes")
+    ngpus = doc["gpu"]["count"] * nodes
+    links = (2 * len(doc["links"]) + 2 * sum(len(n["gpus"]) + 1 for n in doc["nics"])) * nodes
+    memory.require(memory.topology_bytes(ngpus, links),
+                      f"--nodes {nodes}: {doc['name']} x {nodes} ({ngpus:,} GPUs, tables over every GPU pair)")
     return compose(doc, nodes)
 
 

@@ -9,7 +9,12 @@ _FACTORS = {
     "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9, "T": 10**12, "TB": 10**12,
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
 }
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*([+-]?[0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+# element sizes of the types a collective may carry (nccl-tests' -d); a chunk is whole elements
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
+               "int64": 8}
 
 
 def parse_size(text: str, field: str = "--size") -> int:
@@ -20,10 +25,10 @@ def parse_size(text: str, field: str = "--size") -> int:
     if not m or unit not in _FACTORS:
         raise CompileError(f"{where}{text!r} is not a size (examples: 1GB, 256MiB, 4096)")
     value = float(m.group(1)) * _FACTORS[unit]
+    if value <= 0:
+        raise CompileError(f"{where}{text!r} must be positive (a buffer of at least one element)")
     if value != int(value):
         raise CompileError(f"{where}{text!r} is not a whole number of bytes")
-    if value <= 0:
-        raise CompileError(f"{where}{text!r} must be positive")
     return int(value)
 
 

@@ -80,13 +80,34 @@ MAX_NODES = 4095  # 1 + ngpus + ntb + nsteps per rank
 OFF_MAX = 32767  # offsets are stored as int16
 
 
-def limits_for(runtime: str) -> Limits:
-    if runtime == "all":  # the strictest union
-        ls = list(LIMITS.values())
+RUNTIME_NAMES = {"old": "microsoft/msccl (old)", "executor": "msccl-executor-nccl", "rccl": "RCCL"}
+
+
+def target_runtimes(collective: str, requested: str = "all") -> tuple[str, ...]:
+    """The runtimes a program of `collective` is written and verified for: with "all", every
+    runtime whose `coll` attribute accepts the collective; otherwise the one requested, refused
+    when it has no such collective. The one rule that compile, verify and library apply."""
+    if requested == "all":
+        return tuple(r for r in RUNTIMES if collective in LIMITS[r].colls) or RUNTIMES
+    if requested not in LIMITS:
+        raise CompileError(f"runtime: {requested!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
+    if collective not in LIMITS[requested].colls:
+        takers = [r for r in RUNTIMES if collective in LIMITS[r].colls]
+        raise CompileError(f"runtime: {requested} ({RUNTIME_NAMES[requested]}) has no coll={collective}"
+                           + (f"; use {' or '.join(takers)}" if takers else ""))
+    return (requested,)
+
+
+def limits_for(runtime: str, collective: str | None = None) -> Limits:
+    """A runtime's limits; "all" is the strictest over the runtimes `collective` targets (over
+    every runtime when no collective is given)."""
+    if runtime == "all":
+        ls = [LIMITS[r] for r in (target_runtimes(collective) if collective else RUNTIMES)]
         return Limits(min(x.max_steps for x in ls), min(x.max_tbs for x in ls),
+                      frozenset.union(*(x.colls for x in ls)) if collective else
                       frozenset.intersection(*(x.colls for x in ls)))
     if runtime not in LIMITS:
-        raise CompileError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
+        raise CompileError(f"runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
     return LIMITS[runtime]
 
 
@@ -489,12 +510,13 @@ STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", 
 
 
 def verify(program: Program, runtime: str = "all", demand: Demand | None = None, sms: int | None = None) -> Verdict:
-    """All static rules for `runtime` ("old", "executor", "rccl" or "all" = the strictest union),
+    """All static rules for `runtime` ("old", "executor", "rccl" or "all" = the strictest over the
+    runtimes the collective targets, `target_runtimes`),
     then symbolic execution against the postcondition: once as an out-of-place call and once as an
     in-place call, for each kind the header allows."""
     from .verify_exec import dynamic  # imported here: verify_exec imports Finding from this module
 
-    lim = limits_for(runtime)
+    lim = limits_for(runtime, program.collective)
     findings = [f for rule in STATIC_RULES for f in rule(program, lim)]
     findings += co_residency(program, sms)
     if not any(f.rule in STRUCTURAL for f in findings):

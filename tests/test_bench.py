@@ -91,6 +91,20 @@ def test_compare_names_sizes():
     assert again == result(1.0)
 
 
+def test_library_names_why_no_file_is_selected(tmp_path):
+    from backends import torch_dist as td
+    topo = load_topology("hub-and-spoke:4")
+    p = lower(plan(topo, make_demand("allgather", 4, 4096, chunks=2), PlanOptions(method="direct")), topo)
+    (tmp_path / "ag.xml").write_text(to_xml(p))  # nchunksperloop 8
+    files = td.algorithm_files(tmp_path)
+    assert td.select_algorithm(files, "allgather", 4 * 36, 4) is None  # 36 elements: divisible by 4, not 8
+    why = td.why_not_selected(files, "allgather", 4 * 36, 4)
+    assert why == "the element count 36 is not divisible by nchunksperloop of ag.xml (8)"
+    assert td.why_not_selected(files, "allgather", 4 * 32, 8).startswith("no allgather file is for 8 ranks")
+    assert td.why_not_selected(files, "allreduce", 4 * 32, 4).startswith("no file is for allreduce")
+    assert td.select_algorithm(files, "allgather", 4 * 32, 4) is not None
+
+
 def test_library_picks_the_band_per_size(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
@@ -99,7 +113,8 @@ def test_library_picks_the_band_per_size(tmp_path):
     res = bench.sweep("allgather", [2048, 4096, 32768], library_dir=lib, iters=2, warmup=0, nprocs=4, timeout=20)
     assert [r.algo for r in res.rows] == ["ag_0_ring.xml", "ag_1_direct.xml", None]
     assert res.rows[2].msccl is None and res.rows[2].default is not None
-    assert any("32768 B: no library file covers it" in n for n in res.notes)
+    assert any("32768 B: no library file is selected (no allgather file's minBytes..maxBytes covers 32768 B"
+               in n for n in res.notes)
     assert res.wrong == 0 and all(r.msccl.wrong == 0 for r in res.rows[:2])
     lines = res.table()
     assert lines[-1].startswith("# note:") and any(l.rstrip().endswith("ag_1_direct.xml") for l in lines)

@@ -157,6 +157,6 @@ def test_impossible_demands_are_clear_errors(tmp_path):
     assert proc.stderr.count("\n") == 1
     for args, needle in ((("broadcast", "--hw", "dgx2", "--root", "16"), "--root: 16 is out of range"),
                          (("allgather", "--hw", "dgx2", "--size", "0"), "must be positive"),
-                         (("allgather", "--hw", "dgx2", "--root", "1"), "--root: allgather has no root")):
+                         (("allgather", "--hw", "dgx2", "--root", "1"), "--root 1 (allgather has no root")):
         proc = run_cli(*args)
         assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

@@ -88,6 +88,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             skipped.append(f"finer chunks (already {max(r[4] for r in results):.3f} of the bound)")
             break
         d = demand.split(parts)
+        if d.chunk_bytes % options.element_bytes:
+            skipped.append(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte "
+                           "elements)")
+            break
         methods, left_out = candidates(topo, d, options)
         if parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
@@ -110,7 +114,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             share = (left * FIRST_SHARE if n == 0 else left / (len(refinements) - n)) \
                 if method in ("milp", "lp", "rounds") and len(refinements) > 1 else left
             try:
-                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share), deadline=deadline))
+                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share), deadline=deadline,
+                                                   fallback=False))
             except CompileError as e:
                 failed.append(f"{method} at {parts}x: {e}")
                 if method == "milp" and "lp" not in methods and "rounds" not in methods:

@@ -253,6 +253,18 @@ def round_schedule(topo: Topology, demand: Demand, route_map, parts: int, starte
 @register("lp")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     t0 = time.perf_counter()
+    try:
+        return _plan(topo, demand, options)
+    except InfeasibleError as e:
+        if not options.fallback:
+            raise
+        from .baselines import plan_direct
+        base = plan_direct(topo, demand, options)
+        return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{e}; kept the direct baseline")
+
+
+def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    t0 = time.perf_counter()
     commodity_masks(demand)  # refuses demands with copies early
     bound = bound_for(topo, demand)
     te = fluid_expansion(topo, demand, bound.time_s, options.tau)

@@ -9,7 +9,7 @@ infeasible; the best baseline schedule caps it and warm-starts the solver.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cvxpy as cp
 import numpy as np
@@ -458,10 +458,17 @@ def map_symmetric(topo: Topology, te: TimeExpansion, sym: Symmetry, images: np.n
 def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedule:
     report = options.progress
     base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
+    fallback = base or (_baseline(topo, demand, options) if options.fallback else None)
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
     budget = options.left(t0)
-    horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
-                                        budget * 0.4, report, sym, options.deadline)
+    try:
+        horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
+                                            budget * 0.4, report, sym, options.deadline)
+    except InfeasibleError as e:
+        if fallback is None or not options.fallback:
+            raise
+        return replace(fallback, solve_time=time.perf_counter() - t0).with_notes(
+            f"{e}; kept the {fallback.planner} baseline")
     te = te.with_horizon(horizon, reason)
     model = build(topo, demand, te, horizon, options.multicast, sym=sym)
     warm = warm_values(model, topo, base.transfers) if base is not None and horizon >= base.epochs else None
@@ -472,8 +479,9 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
     res = solve(model.problem, time_limit=left, gap=options.gap, warm=warm, verbose=options.verbose,
                 progress=report, label=f"horizon {horizon}: ", deadline=options.deadline)
     if not res.has_solution:
-        if base is not None and horizon >= base.epochs:
-            return base.with_notes(f"milp found no solution in {options.time_limit:g} s; kept the {base.planner} baseline")
+        if base is not None and horizon >= base.epochs or fallback is not None and options.fallback:
+            return replace(fallback, solve_time=time.perf_counter() - t0).with_notes(
+                f"milp found no solution in {options.time_limit:g} s; kept the {fallback.planner} baseline")
         raise InfeasibleError(f"milp: no solution at horizon {horizon} within the time limit ({res.status}); "
                               "raise --time-limit")
     transfers = prune_useless(extract(model, topo, te), demand)

@@ -20,6 +20,8 @@ class PlanOptions:
     verbose: bool = False  # forward the solver log
     progress: Callable[[str], None] | None = None  # one-line progress reports (elapsed, horizon, incumbent, gap)
     refine: bool = False  # auto may cut chunks into sub-chunks (when the user did not fix --chunks)
+    element_bytes: int = 4  # chunks are whole elements: auto cuts no finer
+    fallback: bool = True  # an optimiser that finds nothing in time returns the best baseline (auto has its own)
     # time.perf_counter() value by which planning returns; plan() sets it from time_limit, and every
     # solve and loop below it respects it (a sub-plan may get a shorter time_limit, never a later deadline)
     deadline: float | None = None
