@@ -1,11 +1,14 @@
-"""The options of `msccl-compile bench` and `python -m backends.bench`, without importing torch:
-`msccl-compile --help` and every command that does not execute programs stay free of it."""
+"""The options of `msccl-compile bench` and `python -m backends.bench`.
+
+Kept apart from backends.bench and free of torch: every msccl-compile command builds the whole
+parser, and importing torch for it would cost each command about two seconds.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-RUNTIMES = ("executor", "old", "rccl")
+RUNTIMES = ("executor", "old", "rccl")  # the same as backends.torch_dist.RUNTIMES (a test checks)
 SIDES = ("default", "msccl")
 
 
@@ -37,9 +40,3 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-runtime", action="store_true", help="on GPUs, confirm from NCCL's log that MSCCL ran")
     p.add_argument("--check-log", metavar="FILE", help="only read an NCCL log and say whether MSCCL ran")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
-
-
-def run(args) -> int:
-    """Runs the bench; torch is imported here, when a sweep really runs."""
-    from . import bench
-    return bench.run(args)

@@ -674,9 +674,14 @@ def _library(p):
 
 @command("bench", "nccl-tests-style sweep: torch's collective and the MSCCL algorithm side by side")
 def _bench(p):
-    from backends import bench_options
-    bench_options.configure(p)
-    p.set_defaults(run=bench_options.run)
+    from backends.bench_options import configure  # torch-free: the parser is built for every command
+    configure(p)
+    p.set_defaults(run=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    from backends import bench
+    return bench.run(args)
 
 
 # ---- parser ---------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """A small DDP training loop that loads an MSCCL algorithm library through the environment.
 
-    torchrun --nproc_per_node=4 examples/train_ddp.py --algos DIR [--runtime executor|old|rccl]
+    torchrun --standalone --nproc_per_node=N examples/train_ddp.py --algos DIR [--runtime executor|old|rccl]
+
+N must be the library's GPU count (its files' ngpus): the runtimes select only files for the
+world size, and msccl_environment refuses any other.
 
 The MSCCL variables are set (backends.torch_dist.msccl_environment) before init_process_group,
 which is what the runtimes need: they read them when the first communicator is created.
@@ -11,7 +14,7 @@ which is what the runtimes need: they read them when the first communicator is c
   NCCL preloaded and its log on, e.g.
 
       LD_PRELOAD=$EXEC/build/lib/libnccl.so.2 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV \\
-          torchrun --nproc_per_node=8 examples/train_ddp.py --algos algos/
+          torchrun --standalone --nproc_per_node=8 examples/train_ddp.py --algos algos
 
   and look for "MSCCL: Setup Kernel finished" (python -m backends.bench --check-log FILE reads it).
   DDP reduces gradients with all_reduce on its buckets, which is an in-place call: the library's
@@ -57,8 +60,8 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
-        print("train_ddp: launch with torchrun, e.g. torchrun --nproc_per_node=4 examples/train_ddp.py --algos DIR",
-              file=sys.stderr)
+        print("train_ddp: launch with torchrun, e.g. torchrun --standalone --nproc_per_node=4 examples/train_ddp.py "
+              "--algos DIR", file=sys.stderr)
         return 2
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     gpu = torch.cuda.is_available() and not args.cpu
@@ -89,9 +92,24 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 dist.destroy_process_group()
     except CompileError as e:
-        print(f"train_ddp: error: {e}", file=sys.stderr)
+        if rank == 0:  # every rank fails the same way: say it once
+            print(f"train_ddp: error: {e}{library_hint(args, world)}", file=sys.stderr)
         return 2
     return 0
+
+
+def library_hint(args, world: int) -> str:
+    """When the library is for another GPU count, how to make the two agree."""
+    from backends.torch_dist import algorithm_files, read_header
+    try:
+        counts = sorted({read_header(f).ngpus for f in algorithm_files(args.algos, args.runtime)})
+    except (CompileError, OSError):
+        return ""
+    if not counts or counts == [world]:
+        return ""
+    return (f" (the library is for {'/'.join(map(str, counts))} GPUs, this job has {world} ranks: launch with "
+            f"--nproc_per_node={counts[0]}, or build a library for {world} GPUs, e.g. "
+            f"msccl-compile library --hw fully-connected:{world} ... on CPU)")
 
 
 def train(args, rank: int, world: int, device: torch.device) -> None:

@@ -208,3 +208,12 @@ def test_default_side_switches_msccl_off():
     assert env["MSCCL_ENABLE"] == "0" and env["MSCCL_ALGO_DIR"] is None and env["MSCCL_XML_FILES"] is None
     assert bench.default_side_env("rccl")["RCCL_MSCCL_ENABLE"] == "0"
     assert all(v is None for v in bench.default_side_env("old").values())
+
+
+def test_cli_parser_does_not_import_torch():
+    """Every msccl-compile command builds the bench parser; its options live in a torch-free module."""
+    from backends import bench_options, torch_dist
+    assert bench_options.RUNTIMES == torch_dist.RUNTIMES and bench.SIDES == bench_options.SIDES
+    code = ("import sys; from compiler.cli import build_parser; build_parser(); "
+            "assert 'torch' not in sys.modules, 'building the parser imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -1,4 +1,6 @@
 import json
+import re
+from importlib import resources
 
 import pytest
 
@@ -172,3 +174,28 @@ def test_invalid_json_file(tmp_path):
     path.write_text("{ not json")
     proc = run_cli("bound", "allgather", "--hw", path)
     assert proc.returncode == 2 and "not valid JSON: line 1" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+URL = re.compile(r"https://[^\s;,)]+")
+INTERNAL = re.compile(r"§|\.md\b|\[unverified|reference/|te-ccl-model|msccl-xml", re.I)
+
+
+def shipped_profiles() -> dict[str, dict]:
+    files = [f for f in resources.files("hw_profiles").iterdir() if f.name.endswith(".json") and f.name != "schema.json"]
+    return {f.name[:-5]: json.loads(f.read_text(encoding="utf-8")) for f in files}
+
+
+def test_profiles_cite_public_sources_only():
+    """Every shipped profile names public documents (vendor papers, docs, peer papers and code, with a URL)
+    for its links, its alphas and, where it has NICs, its NICs; no citation points into files users do not
+    have (an internal reference, a section sign, a markdown file outside a URL)."""
+    profiles = shipped_profiles()
+    assert set(REQUIRED) <= set(profiles)
+    for name, doc in profiles.items():
+        sources = doc["sources"]
+        needed = ["links", "alpha"] + (["nics"] if doc["nics"] else [])
+        for key in needed:
+            assert URL.search(sources.get(key, "")), f"{name}: sources.{key} cites no public document (no URL)"
+        for key, text in sources.items():
+            internal = INTERNAL.search(URL.sub("", text))
+            assert not internal, f"{name}: sources.{key} cites an internal reference ({internal.group(0)!r}): {text}"

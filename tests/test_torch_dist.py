@@ -326,3 +326,15 @@ def test_train_ddp_example_under_torchrun(library):
     assert f"export MSCCL_ALGO_DIR={library.resolve()}" in out.stdout
     assert "MSCCL is not in the path" in out.stdout
     assert "parameters identical on all ranks: True" in out.stdout
+
+
+def test_train_ddp_names_the_fix_for_a_gpu_count_mismatch(library):
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_ddp", REPO / "examples" / "train_ddp.py")
+    train_ddp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_ddp)
+    args = argparse.Namespace(algos=str(library), runtime="executor")
+    hint = train_ddp.library_hint(args, 8)
+    assert "library is for 4 GPUs, this job has 8 ranks" in hint and "--nproc_per_node=4" in hint
+    assert train_ddp.library_hint(args, 4) == ""
