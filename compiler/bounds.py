@@ -268,6 +268,21 @@ def group_bound(topo: Topology, traffic: Traffic) -> tuple[float, str]:
     return best, why
 
 
+_BANDWIDTH_CACHE: dict = {}
+
+
+def _bandwidth_bounds(topo: Topology, traffic: Traffic) -> tuple:
+    """cut_bound and group_bound, remembered per topology and merged traffic: the same demand cut
+    into finer chunks (auto's refinements) merges to the same rows."""
+    key = (topo, traffic.src.tobytes(), traffic.dst.tobytes(), traffic.nbytes.tobytes(), traffic.reduce,
+           traffic.src.shape)
+    if key not in _BANDWIDTH_CACHE:
+        if len(_BANDWIDTH_CACHE) >= 64:
+            _BANDWIDTH_CACHE.clear()
+        _BANDWIDTH_CACHE[key] = cut_bound(topo, traffic) + group_bound(topo, traffic)
+    return _BANDWIDTH_CACHE[key]
+
+
 def alpha_distances(topo: Topology) -> np.ndarray:
     """Cheapest total alpha of a chain of transfers between every two GPUs (inf if unreachable)."""
     n = topo.ngpus
@@ -281,8 +296,7 @@ def alpha_distances(topo: Topology) -> np.ndarray:
 
 def bound_for(topo: Topology, demand: Demand) -> Bound:
     traffic = Traffic.of(demand)
-    bw_cut, why_cut, method = cut_bound(topo, traffic)
-    bw_grp, why_grp = group_bound(topo, traffic)
+    bw_cut, why_cut, method, bw_grp, why_grp = _bandwidth_bounds(topo, traffic)
     bw, why = (bw_cut, why_cut) if bw_cut >= bw_grp else (bw_grp, why_grp)
     dist = alpha_distances(topo)
     pairs = traffic.pairs()

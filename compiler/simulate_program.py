@@ -51,40 +51,46 @@ def time_program(program: Program, topo: Topology, size_bytes: int, trace: dict 
             routes[(a, b)] = (topo.path_links(p), topo.path_bandwidth(p), topo.path_alpha(p))
         return routes[(a, b)]
 
-    def ready_time(i: int) -> float | None:
+    blocked_on: dict[tuple, list[int]] = {}  # what a waiting tb needs -> the tbs waiting for it
+
+    def ready_time(i: int) -> float | tuple:
+        """When step pc[i] can start, or the key of what it still waits for."""
         rank, tb = tbs[i]
         step = tb.steps[pc[i]]
         t = clock[i]
         if step.depid >= 0:
             key = (rank, step.depid, step.deps)
             if key not in done_at:
-                return None
+                return ("done",) + key
             t = max(t, done_at[key])
         if step.type in RECVS:
             conn = (tb.recv, rank, tb.chan)
             q, h = queues.get(conn, ()), heads.get(conn, 0)
             if h >= len(q):
-                return None
+                return ("sent",) + conn
             t = max(t, q[h])
         return t
+
+    def wake(key: tuple) -> None:
+        for j in blocked_on.pop(key, ()):
+            heapq.heappush(heap, (clock[j], j))
 
     remaining = sum(len(tb.steps) for _, tb in tbs)
     heap = [(0.0, i) for i in range(len(tbs)) if tbs[i][1].steps]
     heapq.heapify(heap)
-    waiting: set[int] = set()
     finish = 0.0
     while remaining:
         if not heap:
-            if not waiting:
+            stuck = min(j for js in blocked_on.values() for j in js) if blocked_on else None
+            if stuck is None:
                 break
-            stuck = min(waiting)
             rank, tb = tbs[stuck]
             raise CompileError(f"simulate: rank {rank} tb {tb.id} step {pc[stuck]} can never run "
                                "(its message or dependency never comes; run msccl-compile verify)")
         when, i = heapq.heappop(heap)
         t = ready_time(i)
-        if t is None:
-            waiting.add(i)
+        if isinstance(t, tuple):
+            blocked_on.setdefault(t, []).append(i)
             continue
         if t > when:  # not ready yet: come back then, so links go first come, first served
             heapq.heappush(heap, (t, i))
@@ -114,7 +120,9 @@ def time_program(program: Program, topo: Topology, size_bytes: int, trace: dict 
         remaining -= 1
         if pc[i] < len(tb.steps):
             heapq.heappush(heap, (end, i))
-        for j in waiting:  # a new message or a finished step may unblock them
-            heapq.heappush(heap, (clock[j], j))
-        waiting.clear()
+        # the tbs this step unblocks: those waiting for it, or for the message it sent
+        if blocked_on:
+            wake(("done", rank, tb.id, pc[i] - 1))
+            if step.type in SENDS:
+                wake(("sent", rank, tb.send, tb.chan))
     return ProgramTiming(finish, size_bytes / finish if finish > 0 else float("inf"), chunk, sent)

@@ -48,7 +48,7 @@ def format_size(nbytes: float) -> str:
     for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if nbytes >= f:
             v = nbytes / f
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.6g}{unit}"
     return f"{nbytes:.0f}B"
 
 
