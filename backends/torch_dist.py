@@ -89,7 +89,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from compiler.collectives import canonical
+from compiler.collectives import canonical, inplace_alias
 from compiler.errors import CompileError
 from compiler.fileio import read_input
 from compiler.program import RECVS, SENDS, Program
@@ -519,14 +519,38 @@ def _first_line(e: BaseException) -> str:
     return msg.split(". This is typically")[0]
 
 
+def _buffers(p: Program, rank: int, flat: torch.Tensor, ce: int, inplace: bool) -> dict[str, torch.Tensor]:
+    """This rank's i, o and s buffers (chunks of `ce` elements) for a call on input `flat`. In
+    place, the aliasing of compiler.collectives.inplace_alias: the view is a slice of the base,
+    which has at least its msccl-xml.md §4 size (so a view declared with 0 chunks still works)."""
+    g, (n_in, n_out) = p.gpus[rank], io_chunks(p)
+    dtype, device = flat.dtype, flat.device
+    bufs = {"i": flat, "s": _sentinel(g.s_chunks * ce, dtype, device)}
+    alias = inplace_alias(p.collective, rank, n_in, n_out) if inplace else None
+    if inplace and alias is None:
+        raise ExecutionError(f"{p.name}: {p.collective} has no in-place form (msccl-xml.md §10)")
+    if alias is None:
+        bufs["o"] = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
+        return bufs
+    size = {"i": max(g.i_chunks, n_in) * ce, "o": max(g.o_chunks, n_out) * ce}
+    if alias.base == "o" and (alias.offset or size["o"] != flat.numel()):
+        bufs["o"] = _sentinel(size["o"], dtype, device)  # the input is a window of a larger output
+        bufs["o"][alias.offset * ce:alias.offset * ce + flat.numel()].copy_(flat)
+    else:
+        bufs[alias.base] = flat
+    start = alias.offset * ce
+    bufs[alias.view] = bufs[alias.base][start:start + size[alias.view]]
+    return bufs
+
+
 def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout: float = 30.0, *,
             inplace: bool = False, group=None) -> torch.Tensor:
     """Runs this rank's part of `program` inside an initialised gloo process group; call it on
     every rank. `inputs` is this rank's input buffer (i_chunks chunks; chunk = numel / i_chunks).
     Returns the output buffer (o_chunks chunks). In place (`inplace=True`) follows the MSCCL
-    aliasing (msccl-xml.md §10): allgather copies `inputs` into the output at rank*numel;
-    reduce-scatter writes into `inputs` and returns its rank's slice; the others overwrite
-    `inputs` and return it. `timeout` bounds the whole call (seconds); on expiry, or when a peer
+    aliasing (msccl-xml.md §10, compiler.collectives.inplace_alias; see `_buffers`): allgather
+    copies `inputs` into the output at rank*numel; reduce-scatter writes into `inputs` and returns
+    its rank's slice; the others overwrite `inputs` and return it. `timeout` bounds the whole call (seconds); on expiry, or when a peer
     fails, raises ExecutionError naming the rank, tb, step and the message it waits for."""
     plan = program if isinstance(program, ExecPlan) else prepare(program, inplace)
     p = plan.program
@@ -552,24 +576,7 @@ def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout
     if inplace and not inputs.is_contiguous():
         raise ExecutionError("execute: an in-place call needs a contiguous input")
     flat = inputs.reshape(-1) if inputs.is_contiguous() else inputs.contiguous().reshape(-1)
-    coll = p.collective
-    if not inplace:
-        i_buf = flat
-        o_buf = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
-        result = o_buf[:n_out * ce]
-    elif coll == "allgather":
-        o_buf = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
-        i_buf = o_buf[rank * numel:(rank + 1) * numel]
-        i_buf.copy_(flat)
-        result = o_buf[:n_out * ce]
-    elif coll == "reduce_scatter":
-        i_buf = flat
-        o_buf = flat[rank * n_out * ce:(rank + 1) * n_out * ce]
-        result = o_buf
-    else:
-        i_buf = o_buf = flat
-        result = flat
-    bufs = {"i": i_buf, "o": o_buf, "s": _sentinel(g.s_chunks * ce, dtype, device)}
+    bufs = _buffers(p, rank, flat, ce, inplace)
 
     def view(buf: str, off: int, cnt: int) -> torch.Tensor:
         return bufs[buf][off * ce:(off + cnt) * ce]
@@ -651,7 +658,7 @@ def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout
         rtid, rstep = plan.receivers[key][k]
         wait(work, where, f"message {k} to rank {tb.send} on channel {tb.chan} (received by rank {tb.send} tb "
                           f"{rtid} step {rstep})")
-    return result
+    return bufs["o"][:n_out * ce]
 
 
 # ==== local runs =================================================================================
@@ -931,8 +938,10 @@ def run_local_many(programs: Iterable, nprocs: int, size_bytes: int, dtype: torc
         if E * itemsize != size_bytes:
             notes.append(f"size rounded down from {size_bytes} B to {E * itemsize} B (a multiple of "
                          f"nchunksperloop={p.nchunksperloop} elements of {itemsize} B)")
-        if inplace and p.collective in ("scatter", "gather"):
+        if inplace and inplace_alias(p.collective, 0, 1, 1) is None:
             raise CompileError(f"{p.name}: {p.collective} has no in-place form")
+        if not inplace and not p.outofplace:
+            raise CompileError(f"{p.name}: outofplace=0: the file is for in-place calls only; run it with --inplace")
         if inplace and not p.inplace:
             notes.append(f"{p.name} is not marked inplace=1: running it in place anyway")
         root = _root_candidates(p)[0] if p.collective in ("broadcast", "reduce", "scatter", "gather") else None

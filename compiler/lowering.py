@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .collectives import Demand
+from .collectives import Demand, inplace_alias
 from .program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
 from .schedule import Schedule
 from .topology import Topology
@@ -216,16 +216,8 @@ def first_split(schedule: Schedule, lanes: list[int], max_steps: int) -> int:
 
 def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
     """Which input and output chunks are the same memory when the call is in place (§10)."""
-    coll = demand.collective
-    if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
-        return lambda s: ("o", s[1]) if s[0] == "i" else s
-    if coll == "allgather":
-        base = rank * demand.input_chunks
-        return lambda s: ("o", base + s[1]) if s[0] == "i" else s
-    if coll == "reduce_scatter":
-        base = rank * demand.output_chunks
-        return lambda s: ("i", base + s[1]) if s[0] == "o" else s
-    return None
+    alias = inplace_alias(demand.collective, rank, demand.input_chunks, demand.output_chunks)
+    return alias.map if alias is not None else None
 
 
 def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .collectives import Demand
+from .collectives import Demand, inplace_alias
 from .errors import CompileError
 from .program import BUFFERS, PROTOCOLS, READS_SRC, RECVS, SENDS, STEP_TYPES, WRITES_DST, Program, ThreadBlock
 
@@ -142,9 +142,12 @@ def gpu_ids(p: Program, lim: Limits) -> list[Finding]:
 
 
 def inplace_flags(p: Program, lim: Limits) -> list[Finding]:
-    if p.inplace or p.outofplace:
-        return []
-    return [finding("inplace-flags", "neither inplace nor outofplace is set: no call can use the algorithm")]
+    if not (p.inplace or p.outofplace):
+        return [finding("inplace-flags", "neither inplace nor outofplace is set: no call can use the algorithm")]
+    if p.inplace and inplace_alias(p.collective, 0, 1, 1) is None:
+        return [finding("inplace-flags", f"inplace=1, but {p.collective} has no in-place form (msccl-xml.md §10): "
+                                         "an in-place call of it cannot be judged")]
+    return []
 
 
 def coll(p: Program, lim: Limits) -> list[Finding]:
