@@ -36,7 +36,8 @@ class Finding:
 class Verdict:
     ok: bool
     findings: tuple[Finding, ...]
-    runtime: str
+    runtime: str  # as asked
+    runtimes: tuple[str, ...] = ()  # judged for: targets(collective, runtime)
 
     def summary(self) -> str:
         if self.ok:
@@ -80,14 +81,27 @@ MAX_NODES = 4095  # 1 + ngpus + ntb + nsteps per rank
 OFF_MAX = 32767  # offsets are stored as int16
 
 
-def limits_for(runtime: str) -> Limits:
-    if runtime == "all":  # the strictest union
-        ls = list(LIMITS.values())
-        return Limits(min(x.max_steps for x in ls), min(x.max_tbs for x in ls),
-                      frozenset.intersection(*(x.colls for x in ls)))
-    if runtime not in LIMITS:
-        raise CompileError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
-    return LIMITS[runtime]
+def limits_for(runtime: str | tuple[str, ...]) -> Limits:
+    """One runtime's limits, or the strictest union of several ("all": of every runtime)."""
+    names = RUNTIMES if runtime == "all" else (runtime,) if isinstance(runtime, str) else runtime
+    for r in names:
+        if r not in LIMITS:
+            raise CompileError(f"--runtime: {r!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
+    ls = [LIMITS[r] for r in names]
+    return Limits(min(x.max_steps for x in ls), min(x.max_tbs for x in ls),
+                  frozenset.intersection(*(x.colls for x in ls)))
+
+
+def targets(collective: str, runtime: str = "all") -> tuple[str, ...]:
+    """The runtimes a program of `collective` is for: `runtime` itself, or for "all" every runtime
+    whose `coll` attribute has the collective: ("all",) when every runtime does (the strictest
+    union), ("executor", "rccl") for scatter and gather, ("old",) for custom (only legacy MSCCL has
+    coll="custom"). A collective no runtime has stays ("all",), and the coll rule reports it."""
+    if runtime != "all":
+        limits_for(runtime)
+        return (runtime,)
+    accept = tuple(r for r in RUNTIMES if collective in LIMITS[r].colls)
+    return accept if accept and len(accept) < len(RUNTIMES) else ("all",)
 
 
 def _tbs(p: Program) -> Iterable[tuple[int, ThreadBlock]]:
@@ -104,9 +118,10 @@ def _steps(p: Program):
 
 
 def expected_chunks(p: Program) -> tuple[int, int] | None:
-    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes, None where it says nothing."""
+    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes, None where it says nothing. custom
+    (legacy only) has m = 1 for both buffers in legacy's check (§2.2)."""
     n, N = p.ngpus, p.nchunksperloop
-    if p.collective in ("allreduce", "broadcast", "reduce", "alltoall"):
+    if p.collective in ("allreduce", "broadcast", "reduce", "alltoall", "custom"):
         return N, N
     if p.collective == "allgather":
         return N // n, N
@@ -492,12 +507,16 @@ STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", 
 
 
 def verify(program: Program, runtime: str = "all", demand: Demand | None = None, sms: int | None = None) -> Verdict:
-    """All static rules for `runtime` ("old", "executor", "rccl" or "all" = the strictest union),
-    then symbolic execution against the postcondition: once as an out-of-place call and once as an
-    in-place call, for each kind the header allows."""
+    """All static rules for `runtime` ("old", "executor", "rccl", or "all" = the strictest union of
+    the runtimes that have the program's collective, see `targets`), then symbolic execution
+    against the postcondition (`demand`, else the program's own demand, else the standard
+    collective's): once as an out-of-place call and once as an in-place call, for each kind the
+    header allows."""
     from .verify_exec import dynamic  # imported here: verify_exec imports Finding from this module
 
-    lim = limits_for(runtime)
+    judged = targets(program.collective, runtime)
+    lim = limits_for(judged[0] if len(judged) == 1 else judged)
+    demand = demand if demand is not None else program.demand
     findings = [f for rule in STATIC_RULES for f in rule(program, lim)]
     findings += co_residency(program, sms)
     if not any(f.rule in STRUCTURAL for f in findings):
@@ -515,4 +534,4 @@ def verify(program: Program, runtime: str = "all", demand: Demand | None = None,
                 if inplace and program.outofplace:
                     f = Finding(f.rule, f.message + " [in-place call]", f.rank, f.tb, f.step)
                 findings.append(f)
-    return Verdict(not findings, tuple(findings), runtime)
+    return Verdict(not findings, tuple(findings), runtime, judged)
