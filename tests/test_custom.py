@@ -50,6 +50,14 @@ def test_reduction_demands_plan_lower_and_verify(tmp_path, topo, name, method):
     assert v.ok and v.runtimes == ("old",), v.summary()
 
 
+def test_reductions_run_to_the_full_sum(tmp_path, topo):
+    from backends.torch_dist import run_local_many
+    programs = [compiled(tmp_path, topo(HW), doc, "milp", f"{k}.json") for k, doc in enumerate(REDUCTIONS.values())]
+    for op in ("sum", "max"):
+        for r in run_local_many(programs, 4, 1 << 12, op=op, iters=1):
+            assert r.correct, r.summary()
+
+
 def test_demand_travels_with_the_program(tmp_path, topo):
     p = compiled(tmp_path, topo(HW), REDUCTIONS["several-destinations"], "milp")
     xml = to_xml(p, "old")
@@ -98,6 +106,8 @@ def test_custom_file_verify_simulate_run_without_flags(tmp_path):
     assert proc.returncode == 0 and "correct for runtime old" in proc.stdout, proc.stdout + proc.stderr
     sim = json.loads(run_cli("simulate", "c.xml", "--hw", HW, "--size", "64MB", "--json", cwd=tmp_path).stdout)
     assert sim["time_s"] == pytest.approx(out["program_time_s"]) and sim["size_bytes"] == 128 * 10**6
+    proc = run_cli("run", "c.xml", "--nprocs", "4", "--size", "64KB", "--iters", "1", cwd=tmp_path)
+    assert proc.returncode == 0 and ": correct;" in proc.stdout, proc.stdout + proc.stderr
     # --demand still overrides the embedded demand
     demand_file(tmp_path, {"chunks": [{"from": 0, "to": [3]}, {"from": 1, "to": [2, 3]}]}, "other.json")
     proc = run_cli("verify", "c.xml", "--demand", "other.json", cwd=tmp_path)
@@ -105,6 +115,7 @@ def test_custom_file_verify_simulate_run_without_flags(tmp_path):
 
 
 def test_wrong_custom_program_is_named(tmp_path, topo):
+    from backends.torch_dist import run_local
     p = compiled(tmp_path, topo(HW), COPY, "direct")
     g = p.gpus[2]  # rank 2 receives chunk 0 into o[0] and chunk 1 into o[1]: swap them
     swapped = [replace(tb, steps=tuple(replace(s, dstoff=1 - s.dstoff) if s.type in ("r", "rcs") and s.dstbuf == "o"
@@ -114,6 +125,8 @@ def test_wrong_custom_program_is_named(tmp_path, topo):
     proc = run_cli("verify", "bad.xml", cwd=tmp_path)
     assert proc.returncode == 1
     assert "[postcondition] postcondition: rank 2: o[0] should hold rank 0's i[0]" in proc.stdout
+    r = run_local(str(tmp_path / "bad.xml"), 4, 1 << 12, iters=1)
+    assert not r.correct and r.first_wrong == (2, 0), r.summary()
 
 
 @pytest.mark.parametrize("runtime", ["executor", "rccl"])
@@ -123,3 +136,10 @@ def test_runtimes_without_custom_refuse_up_front(tmp_path, runtime):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"--runtime: {runtime} cannot run custom" in proc.stderr and "old" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # refused before reading the demand, planning or writing
+
+
+def test_run_refuses_custom_without_its_demand(tmp_path, topo):
+    p = compiled(tmp_path, topo(HW), COPY, "direct")
+    (tmp_path / "c.xml").write_text(to_xml(replace(p, demand=None), "old"))
+    proc = run_cli("run", "c.xml", "--nprocs", "4", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "carries no demand" in proc.stderr
