@@ -960,10 +960,11 @@ def run_local_many(programs: Iterable, nprocs: int, size_bytes: int, dtype: torc
     jobs, metas = [], []
     for k, src in enumerate(programs):
         p = _load(src)
+        label = p.name if isinstance(src, (Program, bytes)) or str(src).lstrip().startswith("<") else str(src)
         notes = list(p.notes)
         custom = p.collective == "custom"
         if custom and p.demand is None:
-            raise CompileError(f"{p.name}: coll=custom, but the file carries no demand (the <!-- msccl-compile "
+            raise CompileError(f"{label}: coll=custom, but the file carries no demand (the <!-- msccl-compile "
                                f"demand --> comment msccl-compile custom writes): nothing says what is right")
         if not custom and p.collective not in ("allgather", "alltoall", "reduce_scatter", "allreduce",
                                                "broadcast", "reduce", "scatter", "gather"):
@@ -982,9 +983,9 @@ def run_local_many(programs: Iterable, nprocs: int, size_bytes: int, dtype: torc
             notes.append(f"size rounded down from {size_bytes} B to {run_bytes} B (a multiple of {per_text} "
                          f"elements of {itemsize} B)")
         if inplace and inplace_alias(p.collective, 0, 1, 1) is None:
-            raise CompileError(f"{p.name}: {p.collective} has no in-place form")
+            raise CompileError(f"{label}: coll={p.collective}: has no in-place form (--inplace)")
         if not inplace and not p.outofplace:
-            raise CompileError(f"{p.name}: outofplace=0: the file is for in-place calls only; run it with --inplace")
+            raise CompileError(f"{label}: outofplace=0: the file is for in-place calls only; run it with --inplace")
         if inplace and not p.inplace:
             notes.append(f"{p.name} is not marked inplace=1: running it in place anyway")
         root = _root_candidates(p)[0] if p.collective in ("broadcast", "reduce", "scatter", "gather") else None

@@ -321,7 +321,8 @@ def demand_chunks(demand) -> tuple[int, float]:
     """(chunks of a custom demand as its file lists them, bytes of each): the planners may have
     cut each into demand.chunks_per_rank pieces."""
     n = max(1, len(demand.chunks) // demand.chunks_per_rank)
-    return n, demand.size_bytes / n
+    each = demand.size_bytes / n
+    return n, int(each) if float(each).is_integer() else each
 
 
 def cmd_collective(args) -> int:
@@ -430,8 +431,8 @@ def cmd_simulate(args) -> int:
     program = read_xml(args.file)
     topo = load_topology(args.hw, args.nodes)
     timing = time_program(program, topo, call_bytes(program, args.size))
-    total = args.size
-    if program.collective == "custom" and program.demand is not None:  # --size is one chunk of the demand
+    total, per_chunk = args.size, program.collective == "custom" and program.demand is not None
+    if per_chunk:  # --size is one chunk of the demand
         total = args.size * demand_chunks(program.demand)[0]
     out = {"file": args.file, "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
            "collective": program.collective, "size_bytes": total, "time_s": timing.finish_time_s,
@@ -443,7 +444,7 @@ def cmd_simulate(args) -> int:
     if args.json:
         emit_json(out)
         return 0
-    at = format_size(args.size) + (" per chunk" if total != args.size else "")
+    at = format_size(args.size) + (" per chunk" if per_chunk else "")
     print(f"{args.file}: {program.collective} on {topo.name} ({topo.ngpus} GPUs) at {at}: "
           f"{format_time(timing.finish_time_s)}, algbw {out['algbw_GBps']:.2f} GB/s"
           + (f", busbw {out['busbw_GBps']:.2f} GB/s; {out['bound_ratio']:.3f} of the lower bound "
