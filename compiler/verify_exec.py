@@ -354,8 +354,17 @@ def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc:
             got = mem[addrs[d]["o"][di]]
             if got not in ok:
                 want_s = " or ".join(sorted(enc.describe(v) for v in ok))
-                out.append(finding("postcondition", f"o[{di}] should hold {want_s}, but holds {enc.describe(got)}", d))
+                out.append(finding("postcondition", f"{_out_name(p, addrs, d, di)} should hold {want_s}, but holds "
+                                                    f"{enc.describe(got)}", d))
     return out
+
+
+def _out_name(p: Program, addrs: list[dict], rank: int, k: int) -> str:
+    """o[k], with the input chunk it is in place where the file declares no output (o_chunks=0)."""
+    a = addrs[rank]["o"][k]
+    if p.gpus[rank].o_chunks > 0 or a not in addrs[rank]["i"]:
+        return f"o[{k}]"
+    return f"o[{k}] (i[{addrs[rank]['i'].index(a)}] in place)"
 
 
 def _root_candidates(p: Program) -> list[int]:

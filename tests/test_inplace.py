@@ -352,3 +352,10 @@ def test_broken_variants_run_wrong_on_the_right_rank(tmp_path):
     assert proc.returncode == 1 and m, proc.stdout + proc.stderr
     chunk = (1 << 20) // 4 // 4  # the default --size 1MiB of float32 in nchunksperloop=4 chunks
     assert int(m.group(1)) == 1 and int(m.group(2)) < chunk  # rank 1's chunk 0 never got the sum
+
+
+def test_findings_name_the_buffer_the_file_uses():
+    v = verify(read_xml(WRONG_OFFSET))  # the output lives in i (o_chunks="0")
+    assert [f.message for f in v.findings] == [
+        "postcondition: rank 1: o[0] (i[0] in place) should hold the sum of i[0] over ranks 0-3, "
+        "but holds rank 1's i[0]"]
