@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from compiler.bounds import busbw
-from compiler.collectives import canonical
+from compiler.collectives import canonical, inplace_alias
 from compiler.errors import CompileError
 from compiler.fileio import atomic_write
 from compiler.units import parse_size
@@ -394,19 +394,24 @@ def _torch_call(coll: str, inplace: bool, rank: int, n: int, root: int | None, o
     ag = td._collective_fn("all_gather_into_tensor")
     rs = td._collective_fn("reduce_scatter_tensor")
 
+    def window(x: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the whole buffer x in an in-place call (compiler.collectives.inplace_alias,
+        counted in elements)."""
+        m = x.numel() // n
+        start = inplace_alias(coll, rank, m, m).offset
+        return x[start:start + m]
+
     def call(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if coll == "allgather":
             if inplace:  # x is the whole output; this rank's slice is the input
-                m = x.numel() // n
-                ag(x, x[rank * m:(rank + 1) * m], group=group)
+                ag(x, window(x), group=group)
                 return x
             ag(out, x, group=group)
             return out
         if coll == "reduce_scatter":
-            m = x.numel() // n
-            if inplace:
-                rs(x[rank * m:(rank + 1) * m], x, op=rop, group=group)
-                return x[rank * m:(rank + 1) * m]
+            if inplace:  # x is the whole input; this rank's slice is the output
+                rs(window(x), x, op=rop, group=group)
+                return window(x)
             rs(out, x, op=rop, group=group)
             return out
         if coll == "alltoall":
@@ -465,7 +470,8 @@ def _bench_cases(payload: dict, rank: int, n: int, group=None, emit=None) -> lis
                 if coll == "allgather" and call_inplace:
                     def fresh(x=inp):
                         buf = torch.empty(E, dtype=dtype, device=device)
-                        buf[rank * m:(rank + 1) * m].copy_(x)
+                        start = inplace_alias(coll, rank, m, E).offset
+                        buf[start:start + m].copy_(x)
                         return buf
                 else:
                     def fresh(x=inp):

@@ -11,16 +11,29 @@ the runtimes disagree on 0 (executor/RCCL: no limit; legacy: never selected), so
 UNLIMITED_MAX_BYTES = 2**40 (1 TiB, more than any GPU holds; small enough that legacy's scratch
 arithmetic maxBytes * s_chunks cannot overflow int64) and the reader maps that value back to 0.
 
+A custom program carries its demand (its postcondition: which ranks must end with which chunks,
+or sums) so that `verify`, `simulate` and `run` need nothing else: one comment line right after
+the `<algo ...>` line, `<!-- msccl-compile demand {compact JSON} -->` (Demand.to_dict plus
+"runtimes": those with coll="custom"). A comment, because the runtimes' reader accepts comments
+anywhere (msccl-xml.md §1; RCCL's shipped files start with one) and ignores their text; after
+`<algo>` rather than before it, so the file still starts with `<algo ...>`, which the
+executor/RCCL meta-data pass and simple header readers (torch_dist.read_header) look for. The JSON
+holds only numbers, ranks and "custom", so it can never contain "--" or end the comment early.
+Every other program is written without any comment, byte for byte as before.
+
 Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
 Unknown elements (TACCL's `<copy>`) and attributes (`redop`, `nthreads`) are ignored, with a note
-for elements. Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is
-8); any spelling other than plain decimal is accepted with a warning in Program.notes. Everything
-else malformed raises XmlError, one line naming the file, element, attribute and value.
+for elements. The demand comment is read before `<algo>` or directly inside it, for coll="custom"
+only (noted and ignored elsewhere: a standard collective's postcondition is the standard one).
+Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is 8); any
+spelling other than plain decimal is accepted with a warning in Program.notes. Everything else
+malformed raises XmlError, one line naming the file, element, attribute and value.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from functools import lru_cache
@@ -29,13 +42,16 @@ from importlib import resources
 import jinja2
 from lxml import etree
 
+from compiler.collectives import Demand
 from compiler.errors import CompileError
 from compiler.fileio import atomic_write, read_input
 from compiler.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
+from compiler.verify import target_runtimes
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
 
 XML_RUNTIMES = ("executor", "rccl", "old", "all")
+DEMAND_TAG = "msccl-compile demand"  # starts the comment that carries a custom program's demand
 UNLIMITED_MAX_BYTES = 2 ** 40
 MAX_CHANNEL_ID = 32  # the parsers reject chan < 0 or > 32
 MAX_CNT = 71
@@ -89,11 +105,25 @@ def _check_writable(p: Program) -> None:
                                    f"{s.type!r} {s.srcbuf!r} {s.dstbuf!r} cannot be written")
 
 
+def demand_comment(p: Program) -> str:
+    """The text of the comment that carries a custom program's demand, '' for every other program
+    (their XML has no comment). One line: DEMAND_TAG, then the demand as compact JSON
+    (Demand.to_dict, plus "runtimes": those with coll="custom")."""
+    if p.demand is None or p.collective != "custom":
+        return ""
+    doc = {**p.demand.to_dict(), "runtimes": list(target_runtimes(p.collective))}
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    if "--" in text:  # cannot end a comment early: the JSON holds numbers, ranks and "custom"
+        raise XmlError(f"program: demand: {text[:60]!r} cannot be written inside an XML comment")
+    return f"{DEMAND_TAG} {text}"
+
+
 def to_xml(program: Program, runtime: str = "executor") -> str:
     """The portable-subset XML text of a Program (ends with a newline)."""
     coll = coll_name(program.collective, runtime)
     _check_writable(program)
-    return _template().render(p=program, coll=coll, max_bytes=program.max_bytes or UNLIMITED_MAX_BYTES)
+    return _template().render(p=program, coll=coll, max_bytes=program.max_bytes or UNLIMITED_MAX_BYTES,
+                              demand_comment=demand_comment(program))
 
 
 def save_xml(program: Program, path: str | os.PathLike, runtime: str = "executor") -> None:
@@ -241,10 +271,49 @@ class _Reader:
         for r in range(ngpus):
             if r not in gpus:
                 raise self.fail(w, "ngpus", f"'{ngpus}' but there is no <gpu id=\"{r}\">")
+        demand = self.demand(root, _READ_COLLS[coll], ngpus)
         return Program(name=name, collective=_READ_COLLS[coll], ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
-                       notes=tuple(self.notes))
+                       demand=demand, notes=tuple(self.notes))
+
+    def demand(self, root, collective: str, ngpus: int) -> Demand | None:
+        """The demand comment (see `demand_comment`) before <algo> or directly inside it, if any."""
+        comments = [c for c in list(root.itersiblings(preceding=True)) + list(root)
+                    if c.tag is etree.Comment and (c.text or "").strip().startswith(DEMAND_TAG)]
+        if not comments:
+            return None
+        where, attr = "algo", f"<!-- {DEMAND_TAG} -->"
+        if len(comments) > 1:
+            raise self.fail(where, attr, f"appears {len(comments)} times; a file carries one demand")
+        text = comments[0].text.strip()[len(DEMAND_TAG):].strip()
+        if collective != "custom":
+            self.notes.append(f"{self.label}: algo: ignored the {DEMAND_TAG} comment: coll is {collective}, "
+                              "whose postcondition is the standard one")
+            return None
+        try:
+            d = Demand.from_dict(json.loads(text))
+        except (ValueError, TypeError, KeyError) as e:
+            raise self.fail(where, attr, f"{text[:60]!r} is not a demand ({type(e).__name__}: "
+                                         f"{_one_line(str(e))[:80]})") from None
+        problem = _demand_problem(d, ngpus)
+        if problem:
+            raise self.fail(where, attr, problem)
+        return d
+
+
+def _demand_problem(d: Demand, ngpus: int) -> str:
+    """What makes an embedded demand unusable for this file, '' if nothing."""
+    if d.ngpus != ngpus:
+        return f"ngpus {d.ngpus} does not match the file's ngpus={ngpus}"
+    for c in d.chunks:
+        ranks_ok = all(isinstance(r, int) and 0 <= r < ngpus for r in c.sources + c.dests)
+        index_ok = all(isinstance(i, int) and i >= 0 for i in c.src_index + c.dst_index)
+        if not (ranks_ok and index_ok and c.sources and c.dests and len(c.sources) == len(c.src_index)
+                and len(c.dests) == len(c.dst_index)):
+            return f"chunk {c.id}: {[list(c.sources), list(c.dests), list(c.src_index), list(c.dst_index)]} " \
+                   f"is not [sources, destinations, input indices, output indices] of ranks 0..{ngpus - 1}"
+    return ""
 
 
 def _source(source: str | bytes | os.PathLike) -> tuple[str, bytes]:
@@ -265,7 +334,7 @@ def read_xml(source: str | bytes | os.PathLike) -> Program:
         reader.notes.append(f"{label}: starts with an XML declaration, which the runtimes' reader rejects")
     if b"\t" in data:
         reader.notes.append(f"{label}: contains tabs, which the runtimes' reader rejects")
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, remove_comments=True,
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, remove_comments=False,
                              remove_pis=True, huge_tree=False)
     try:
         root = etree.fromstring(data, parser)

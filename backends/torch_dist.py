@@ -89,7 +89,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from compiler.collectives import canonical
+from compiler.collectives import canonical, inplace_alias
 from compiler.errors import CompileError
 from compiler.fileio import read_input
 from compiler.program import RECVS, SENDS, Program
@@ -453,10 +453,15 @@ def io_chunks(p: Program) -> tuple[int, int]:
 
 def collective_elems(p: Program, size_bytes: int, itemsize: int) -> tuple[int, int]:
     """(E, input elements per rank) for nccl-tests' size S = E * itemsize, E rounded down to a
-    multiple of nchunksperloop. E = 0 when S is below one element per chunk."""
+    multiple of nchunksperloop. E = 0 when S is below one element per chunk. For a custom program
+    with its demand, S is one chunk of the demand (as `msccl-compile custom --size`), which the
+    program holds as demand.chunks_per_rank chunks; E is then nchunksperloop such chunks."""
     N = p.nchunksperloop
-    E = (size_bytes // itemsize) // N * N
     n_in, _ = io_chunks(p)
+    if p.collective == "custom" and p.demand is not None:
+        ce = (size_bytes // itemsize) // p.demand.chunks_per_rank
+        return ce * N, ce * n_in
+    E = (size_bytes // itemsize) // N * N
     return E, E // N * n_in
 
 
@@ -546,15 +551,40 @@ def _first_line(e: BaseException) -> str:
     return msg.split(". This is typically")[0]
 
 
+def _buffers(p: Program, rank: int, flat: torch.Tensor, ce: int, inplace: bool) -> dict[str, torch.Tensor]:
+    """This rank's i, o and s buffers (chunks of `ce` elements) for a call on input `flat`. In
+    place, the aliasing of compiler.collectives.inplace_alias: the view is a slice of the base,
+    which has at least its msccl-xml.md §4 size (so a view declared with 0 chunks still works)."""
+    g, (n_in, n_out) = p.gpus[rank], io_chunks(p)
+    dtype, device = flat.dtype, flat.device
+    bufs = {"i": flat, "s": _sentinel(g.s_chunks * ce, dtype, device)}
+    alias = inplace_alias(p.collective, rank, n_in, n_out) if inplace else None
+    if inplace and alias is None:
+        raise ExecutionError(f"{p.name}: {p.collective} has no in-place form (msccl-xml.md §10)")
+    if alias is None:
+        bufs["o"] = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
+        return bufs
+    size = {"i": max(g.i_chunks, n_in) * ce, "o": max(g.o_chunks, n_out) * ce}
+    if alias.base == "o" and (alias.offset or size["o"] != flat.numel()):
+        bufs["o"] = _sentinel(size["o"], dtype, device)  # the input is a window of a larger output
+        bufs["o"][alias.offset * ce:alias.offset * ce + flat.numel()].copy_(flat)
+    else:
+        bufs[alias.base] = flat
+    start = alias.offset * ce
+    bufs[alias.view] = bufs[alias.base][start:start + size[alias.view]]
+    return bufs
+
+
 def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout: float = 30.0, *,
             inplace: bool = False, group=None) -> torch.Tensor:
     """Runs this rank's part of `program` inside an initialised gloo process group; call it on
     every rank. `inputs` is this rank's input buffer (i_chunks chunks; chunk = numel / i_chunks).
     Returns the output buffer (o_chunks chunks). In place (`inplace=True`) follows the MSCCL
-    aliasing (msccl-xml.md §10): allgather copies `inputs` into the output at rank*numel;
-    reduce-scatter writes into `inputs` and returns its rank's slice; the others overwrite
-    `inputs` and return it. `timeout` bounds the whole call (seconds); on expiry, or when a peer
-    fails, raises ExecutionError naming the rank, tb, step and the message it waits for."""
+    aliasing (msccl-xml.md §10, compiler.collectives.inplace_alias; see `_buffers`): allgather
+    copies `inputs` into the output at rank*numel; reduce-scatter writes into `inputs` and returns
+    its rank's slice; the others overwrite `inputs` and return it. `timeout` bounds the whole call
+    (seconds); on expiry, or when a peer fails, raises ExecutionError naming the rank, tb, step and
+    the message it waits for."""
     plan = program if isinstance(program, ExecPlan) else prepare(program, inplace)
     p = plan.program
     if not dist.is_available() or not dist.is_initialized():
@@ -579,24 +609,7 @@ def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout
     if inplace and not inputs.is_contiguous():
         raise ExecutionError("execute: an in-place call needs a contiguous input")
     flat = inputs.reshape(-1) if inputs.is_contiguous() else inputs.contiguous().reshape(-1)
-    coll = p.collective
-    if not inplace:
-        i_buf = flat
-        o_buf = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
-        result = o_buf[:n_out * ce]
-    elif coll == "allgather":
-        o_buf = _sentinel(max(g.o_chunks, n_out) * ce, dtype, device)
-        i_buf = o_buf[rank * numel:(rank + 1) * numel]
-        i_buf.copy_(flat)
-        result = o_buf[:n_out * ce]
-    elif coll == "reduce_scatter":
-        i_buf = flat
-        o_buf = flat[rank * n_out * ce:(rank + 1) * n_out * ce]
-        result = o_buf
-    else:
-        i_buf = o_buf = flat
-        result = flat
-    bufs = {"i": i_buf, "o": o_buf, "s": _sentinel(g.s_chunks * ce, dtype, device)}
+    bufs = _buffers(p, rank, flat, ce, inplace)
 
     def view(buf: str, off: int, cnt: int) -> torch.Tensor:
         return bufs[buf][off * ce:(off + cnt) * ce]
@@ -678,7 +691,7 @@ def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout
         rtid, rstep = plan.receivers[key][k]
         wait(work, where, f"message {k} to rank {tb.send} on channel {tb.chan} (received by rank {tb.send} tb "
                           f"{rtid} step {rstep})")
-    return result
+    return bufs["o"][:n_out * ce]
 
 
 # ==== local runs =================================================================================
@@ -690,7 +703,7 @@ class RunResult:
     first_wrong: tuple[int, int] | None  # (rank, element offset in the output) of the first one
     time_s: float  # median over iterations of the slowest rank's executor wall time
     nprocs: int
-    size_bytes: int  # nccl-tests' size actually run (after rounding)
+    size_bytes: int  # nccl-tests' size actually run (after rounding); custom: one chunk of the demand
     collective: str
     name: str = ""
     dtype: str = "float32"
@@ -714,7 +727,8 @@ class RunResult:
         else:
             r, off = self.first_wrong
             verdict = f"WRONG: {self.wrong} elements differ; first at rank {r} output element {off}"
-        return (f"{self.name or self.collective}: {self.nprocs} ranks, {self.size_bytes} B {self.dtype}"
+        per = " per chunk" if self.collective == "custom" else ""
+        return (f"{self.name or self.collective}: {self.nprocs} ranks, {self.size_bytes} B{per} {self.dtype}"
                 f"{' in place' if self.inplace else ''}: {verdict}; {self.time_s * 1e6:.1f} us")
 
 
@@ -898,28 +912,54 @@ def _load(xml_or_program) -> Program:
     return read_xml(xml_or_program)
 
 
+def _standard_judge(j: dict, rank: int, n: int):
+    """(this rank's input, judge(output) -> (wrong, first offset)) against torch's own collective."""
+    p: Program = j["program"]
+    inp = make_input(rank, j["in_elems"], j["dtype"], j["seed"], j["op"])
+    ref = torch_collective(p.collective, inp, j["E"], rank, n, j["root"], j["op"])
+
+    def judge(got: torch.Tensor) -> tuple[int, int | None]:
+        if rank not in compared_ranks(p.collective, n, j["root"]):
+            return 0, None
+        bad = (got != ref) if got.shape == ref.shape else torch.ones(ref.numel(), dtype=torch.bool)
+        wrong = int(bad.sum())
+        return wrong, int(bad.nonzero()[0, 0]) if wrong else None
+    return inp, judge
+
+
+def _custom_judge(j: dict, rank: int, n: int):
+    """(this rank's input, judge) against what the program's demand prescribes."""
+    from backends.demand_reference import custom_input, custom_wrong
+    p: Program = j["program"]
+    n_in, _ = io_chunks(p)
+    ce = j["in_elems"] // n_in
+    inputs: dict[int, torch.Tensor] = {}
+
+    def input_of(r: int) -> torch.Tensor:
+        if r not in inputs:
+            inputs[r] = custom_input(r, n_in, ce, j["dtype"], j["seed"], j["op"], j["distinct"])
+        return inputs[r]
+    return input_of(rank), lambda got: custom_wrong(p.demand, rank, got, input_of, _OPS[j["op"]], ce)
+
+
 def _run_jobs_worker(rank: int, n: int, jobs: list[dict], emit) -> list[dict]:
-    """Per job: reference through torch's collective, then the program through execute()."""
+    """Per job: the reference (torch's collective, or a custom program's demand), then the program
+    through execute()."""
     out = []
     for j in jobs:
         emit("progress", j["index"])
         p: Program = j["program"]
-        dtype, E, op, root = j["dtype"], j["E"], j["op"], j["root"]
-        inp = make_input(rank, j["in_elems"], dtype, j["seed"], op)
-        ref = torch_collective(p.collective, inp, E, rank, n, root, op)
+        inp, judge = (_custom_judge if p.collective == "custom" else _standard_judge)(j, rank, n)
         plan = prepare(p, j["inplace"])
         times, wrong, first = [], 0, None
         for it in range(j["iters"]):
             x = inp.clone()
             dist.barrier()
             t0 = time.perf_counter()
-            got = execute(plan, x, op, j["timeout"], inplace=j["inplace"])
+            got = execute(plan, x, j["op"], j["timeout"], inplace=j["inplace"])
             times.append(time.perf_counter() - t0)
-            if it == 0 and rank in compared_ranks(p.collective, n, root):
-                bad = (got != ref) if got.shape == ref.shape else torch.ones(ref.numel(), dtype=torch.bool)
-                wrong = int(bad.sum())
-                if wrong:
-                    first = int(bad.nonzero()[0, 0])
+            if it == 0:
+                wrong, first = judge(got)
         out.append({"wrong": wrong, "first": first, "times": times})
     return out
 
@@ -928,9 +968,12 @@ def run_local(xml_or_program, nprocs: int, size_bytes: int, dtype: torch.dtype =
               inplace: bool = False, timeout: float = 30.0, *, op="sum", iters: int = 3) -> RunResult:
     """Spawns `nprocs` local gloo processes, runs the program (a Program, an XML path or XML text)
     on seeded random data of nccl-tests' size `size_bytes` (rounded down to whole chunks; noted),
-    compares every defined output with torch's own collective, and times the executor. Raises
-    CompileError for user errors (nprocs != ngpus, a custom collective, a size below one element per
-    chunk) and ExecutionError for a program that cannot run or a run that fails or times out."""
+    compares every defined output with torch's own collective, and times the executor. A custom
+    program is run on `size_bytes` per chunk of its demand, with inputs distinct per (rank, chunk),
+    and compared with what its demand prescribes (backends/demand_reference.py). Raises
+    CompileError for user errors (nprocs != ngpus, a custom file without its demand, a size below
+    one element per chunk) and ExecutionError for a program that cannot run or a run that fails or
+    times out."""
     return run_local_many([xml_or_program], nprocs, size_bytes, dtype, seed, inplace, timeout, op=op,
                           iters=iters)[0]
 
@@ -949,41 +992,59 @@ def run_local_many(programs: Iterable, nprocs: int, size_bytes: int, dtype: torc
     jobs, metas = [], []
     for k, src in enumerate(programs):
         p = _load(src)
+        label = p.name if isinstance(src, (Program, bytes)) or str(src).lstrip().startswith("<") else str(src)
         notes = list(p.notes)
-        if p.collective == "custom" or p.collective not in ("allgather", "alltoall", "reduce_scatter", "allreduce",
-                                                            "broadcast", "reduce", "scatter", "gather"):
+        custom = p.collective == "custom"
+        if custom and p.demand is None:
+            raise CompileError(f"{label}: coll=custom, but the file carries no demand (the <!-- msccl-compile "
+                               f"demand --> comment msccl-compile custom writes): nothing says what is right")
+        if not custom and p.collective not in ("allgather", "alltoall", "reduce_scatter", "allreduce",
+                                               "broadcast", "reduce", "scatter", "gather"):
             raise CompileError(f"{p.name}: collective {p.collective!r} has no torch.distributed counterpart "
                                f"to compare with")
         if nprocs != p.ngpus:
             raise CompileError(f"--nprocs: {nprocs} processes, but {p.name} is for ngpus={p.ngpus}")
         E, in_elems = collective_elems(p, size_bytes, itemsize)
+        per = p.demand.chunks_per_rank if custom else p.nchunksperloop  # program chunks in size_bytes
+        per_text = f"{'pieces per demand chunk' if custom else 'nchunksperloop'}={per}"
         if E == 0:
             raise CompileError(f"--size: {size_bytes} B is below one {dtype_name(dtype)} per chunk: {p.name} needs "
-                               f"at least {p.nchunksperloop * itemsize} B (nchunksperloop={p.nchunksperloop})")
-        if E * itemsize != size_bytes:
-            notes.append(f"size rounded down from {size_bytes} B to {E * itemsize} B (a multiple of "
-                         f"nchunksperloop={p.nchunksperloop} elements of {itemsize} B)")
-        if inplace and p.collective in ("scatter", "gather"):
-            raise CompileError(f"{p.name}: {p.collective} has no in-place form")
+                               f"at least {per * itemsize} B ({per_text})")
+        run_bytes = E // p.nchunksperloop * per * itemsize
+        if run_bytes != size_bytes:
+            notes.append(f"size rounded down from {size_bytes} B to {run_bytes} B (a multiple of {per_text} "
+                         f"elements of {itemsize} B)")
+        if inplace and inplace_alias(p.collective, 0, 1, 1) is None:
+            raise CompileError(f"{label}: coll={p.collective}: has no in-place form (--inplace)")
+        if not inplace and not p.outofplace:
+            raise CompileError(f"{label}: outofplace=0: the file is for in-place calls only; run it with --inplace")
         if inplace and not p.inplace:
             notes.append(f"{p.name} is not marked inplace=1: running it in place anyway")
         root = _root_candidates(p)[0] if p.collective in ("broadcast", "reduce", "scatter", "gather") else None
         prepare(p, inplace)  # refuse a program that cannot run before starting processes
+        distinct = False
+        if custom:
+            from backends.demand_reference import distinct_values
+            distinct = distinct_values(p.demand, io_chunks(p)[0], dtype, opn)
+            if not distinct:
+                notes.append(f"inputs are seeded integers without an offset per (rank, chunk): {opn} in "
+                             f"{dtype_name(dtype)} would not stay exact")
         jobs.append({"index": k, "program": p, "dtype": dtype, "E": E, "in_elems": in_elems, "op": opn,
-                     "root": root, "seed": seed, "inplace": inplace, "iters": iters, "timeout": timeout})
-        metas.append((p, E, root, notes))
+                     "root": root, "seed": seed, "inplace": inplace, "iters": iters, "timeout": timeout,
+                     "distinct": distinct})
+        metas.append((p, run_bytes, root, notes))
     if not jobs:
         return []
     per_rank = launch_local(_run_jobs_worker, nprocs, jobs, timeout=timeout * (iters + 2))
     out = []
-    for k, (p, E, root, notes) in enumerate(metas):
+    for k, (p, run_bytes, root, notes) in enumerate(metas):
         rows = [per_rank[r][k] for r in range(nprocs)]
         wrong = sum(r["wrong"] for r in rows)
         first = next(((r, rows[r]["first"]) for r in range(nprocs) if rows[r]["first"] is not None), None)
         per_iter = [max(rows[r]["times"][i] for r in range(nprocs)) for i in range(iters)]
         out.append(RunResult(correct=wrong == 0, wrong=wrong, first_wrong=first,
                              time_s=float(statistics.median(per_iter)),
-                             nprocs=nprocs, size_bytes=E * itemsize, collective=p.collective, name=p.name,
+                             nprocs=nprocs, size_bytes=run_bytes, collective=p.collective, name=p.name,
                              dtype=dtype_name(dtype), op=opn, inplace=inplace, root=root, iters=iters,
                              times_s=tuple(per_iter), notes=tuple(notes)))
     return out

@@ -301,6 +301,17 @@ def default_xml_name(demand, topo: Topology) -> str:
     return f"{demand.collective.replace('_', '-')}-{topo.profile.replace(':', '')}{nodes}.xml"
 
 
+def refuse_unsupported(collective: str, runtime: str) -> None:
+    """One line, before planning, when the runtime asked for has no `coll` for the collective."""
+    from .verify import LIMITS, target_runtimes
+    if runtime == "all" or collective in LIMITS[runtime].colls:
+        return
+    has = ", ".join(target_runtimes(collective))
+    why = ("only the old microsoft/msccl runtime has coll=\"custom\"" if collective == "custom"
+           else f"its coll attribute has no {collective}")
+    raise ArgumentError(f"--runtime: {runtime} cannot run {collective}: {why}; use --runtime {has} or all")
+
+
 def lower_verified(schedule, topo: Topology, options, runtime: str):
     """Lower and verify for the runtimes the collective targets (verify.target_runtimes);
     (program, runtimes verified)."""
@@ -332,22 +343,40 @@ def write_program(program, path: str, runtime: str, verified_for) -> list[str]:
 def lower_and_write(args, schedule, topo: Topology) -> dict:
     """Lower, verify, write the XML; returns the JSON fields."""
     from .lowering import LowerOptions
-    from .simulate_program import time_program
+    from .simulate_program import call_bytes, time_program
     if any(t.group >= 0 for t in schedule.transfers):
         return {"xml": None, "verified": None,
                 "xml_skipped": "switch multicast (NVLS) has no MSCCL XML form; plan without --multicast to get XML"}
     lo, hi = args.size_range if args.size_range else (0, 0)
+    from .verify import target_runtimes
+    aimed = target_runtimes(schedule.demand.collective, args.runtime)  # custom: the old runtime's limits
     options = LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo,
-                           max_bytes=hi - 1 if hi else 0, runtime=args.runtime)
+                           max_bytes=hi - 1 if hi else 0, runtime=aimed[0] if len(aimed) == 1 else args.runtime)
     program, verified_for = lower_verified(schedule, topo, options, args.runtime)
     path = args.output or default_xml_name(schedule.demand, topo)
     written = write_program(program, path, args.runtime, verified_for)
-    timing = time_program(program, topo, schedule.demand.size_bytes)
+    size = schedule.demand.size_bytes
+    if program.collective == "custom":
+        size = call_bytes(program, demand_chunks(schedule.demand)[1])
+    timing = time_program(program, topo, size)
     return {"xml": path, "xml_files": written, "verified": True, "runtime": args.runtime,
             "verified_for": list(verified_for),
             "nchannels": program.nchannels, "nthreadblocks_max": program.nthreadblocks_max,
             "nsteps_max": program.nsteps_max, "proto": program.proto,
-            "program_time_s": timing.finish_time_s, "program_algbw_GBps": timing.algbw / 1e9}
+            "program_time_s": timing.finish_time_s,
+            "program_algbw_GBps": per_second(schedule.demand.size_bytes, timing.finish_time_s) / 1e9}
+
+
+def per_second(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds if seconds > 0 else float("inf")
+
+
+def demand_chunks(demand) -> tuple[int, float]:
+    """(chunks of a custom demand as its file lists them, bytes of each): the planners may have
+    cut each into demand.chunks_per_rank pieces."""
+    n = max(1, len(demand.chunks) // demand.chunks_per_rank)
+    each = demand.size_bytes / n
+    return n, int(each) if float(each).is_integer() else each
 
 
 def require_memory(collective: str, ngpus: int, chunks: int, endpoints: int, deliveries: int) -> None:
@@ -372,11 +401,11 @@ def output_checks(args, warnings: list[str]) -> None:
 def cmd_collective(args) -> int:
     from .planners import plan
     from .simulate import simulate
-    from .verify import target_runtimes
     warnings: list[str] = []
     output_checks(args, warnings)
+    if not args.no_xml:
+        refuse_unsupported(args.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
-    target_runtimes(args.collective, args.runtime)  # refused now, not after planning
     demand = build_demand(args, topo, warnings)
     for w in warnings:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
@@ -398,12 +427,13 @@ def cmd_collective(args) -> int:
         "lp_value_s": schedule.lp_value, "notes": list(schedule.notes),
         "schedule": args.schedule_out, "warnings": warnings, **xml,
     }
+    if demand.collective == "custom":
+        out["demand_chunks"], out["chunk_size_bytes"] = demand_chunks(demand)
     if args.json:
         emit_json(out)
         return 0
     gap = f", gap {schedule.gap:.2%}" if schedule.gap is not None else ""
-    print(f"{demand.collective} on {topo.name} ({topo.ngpus} GPUs), {format_size(demand.size_bytes)}, "
-          f"{demand.chunks_per_rank} chunk{'s' if demand.chunks_per_rank > 1 else ''} per rank")
+    print(f"{demand.collective} on {topo.name} ({topo.ngpus} GPUs), {size_line(demand)}")
     print(f"method {schedule.planner} ({schedule.status}{gap}), planned in {schedule.solve_time:.2f} s, "
           f"{len(schedule.transfers)} transfers over {schedule.epochs} epochs of {format_time(schedule.tau)}")
     if schedule.lp_value is not None:
@@ -427,29 +457,44 @@ def cmd_collective(args) -> int:
     return 0
 
 
+def size_line(demand) -> str:
+    """'1MB, 2 chunks per rank'; for a custom demand '64MB per chunk, 2 chunks (128MB in all)'."""
+    k = demand.chunks_per_rank
+    if demand.collective != "custom":
+        return f"{format_size(demand.size_bytes)}, {k} chunk{'s' if k > 1 else ''} per rank"
+    n, each = demand_chunks(demand)
+    cut = f", each cut into {k} pieces" if k > 1 else ""
+    total = format_size(demand.size_bytes)
+    return f"{format_size(each)} per chunk, {n} chunk{'s' if n > 1 else ''} ({total} in all){cut}"
+
+
 def cmd_verify(args) -> int:
     from backends.msccl_xml import read_xml
     from .collectives import load_custom_demand
-    from .verify import target_runtimes, verify
+    from .verify import verify
     program = read_xml(args.file)
     demand = None
-    if args.demand:
-        demand = load_custom_demand(args.demand, program.ngpus, program.nchunksperloop)
+    if args.demand:  # cut into the pieces the file's own demand has, if it has one
+        pieces = program.demand.chunks_per_rank if program.demand is not None else 1
+        demand = load_custom_demand(args.demand, program.ngpus, program.nchunksperloop, pieces)
     verdict = verify(program, args.runtime, demand=demand)
-    runtimes = target_runtimes(program.collective) if args.runtime == "all" else (args.runtime,)
-    label = "/".join(runtimes)
+    judged = "/".join(verdict.runtimes)
+    if judged != args.runtime:
+        judged += f" (the runtime{'s' if len(verdict.runtimes) > 1 else ''} with coll={program.collective})"
     if args.json:
-        emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime, "runtimes": list(runtimes),
+        emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
+                   "runtimes": list(verdict.runtimes), "demand": "--demand" if args.demand else
+                   "embedded" if program.demand is not None else None,
                    "collective": program.collective, "ngpus": program.ngpus,
                    "findings": [{"rule": f.rule, "rank": f.rank, "tb": f.tb, "step": f.step, "message": f.message}
                                 for f in verdict.findings]})
     else:
         if verdict.ok:
-            print(f"{args.file}: correct for {label} ({program.collective}, {program.ngpus} GPUs, "
-                  f"{program.nthreadblocks_max} thread blocks, {program.nsteps_max} steps per block at most)")
+            print(f"{args.file}: correct for runtime {judged}: {program.collective}, {program.ngpus} GPUs, "
+                  f"{program.nthreadblocks_max} thread blocks, {program.nsteps_max} steps per block at most")
         else:
             print(f"{args.file}: {len(verdict.findings)} problem{'s' if len(verdict.findings) > 1 else ''} "
-                  f"for {label}")
+                  f"for runtime {judged}")
             for f in verdict.findings[:args.max_findings]:
                 print(f"  [{f.rule}] {f.message}")
             if len(verdict.findings) > args.max_findings:
@@ -459,13 +504,16 @@ def cmd_verify(args) -> int:
 
 def cmd_simulate(args) -> int:
     from backends.msccl_xml import read_xml
-    from .simulate_program import time_program
+    from .simulate_program import call_bytes, time_program
     program = read_xml(args.file)
     topo = load_topology(args.hw, args.nodes)
-    timing = time_program(program, topo, args.size)
+    timing = time_program(program, topo, call_bytes(program, args.size))
+    total, per_chunk = args.size, program.collective == "custom" and program.demand is not None
+    if per_chunk:  # --size is one chunk of the demand
+        total = args.size * demand_chunks(program.demand)[0]
     out = {"file": args.file, "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
-           "collective": program.collective, "size_bytes": args.size, "time_s": timing.finish_time_s,
-           "algbw_GBps": timing.algbw / 1e9, "ntransfers": timing.ntransfers}
+           "collective": program.collective, "size_bytes": total, "time_s": timing.finish_time_s,
+           "algbw_GBps": per_second(total, timing.finish_time_s) / 1e9, "ntransfers": timing.ntransfers}
     if program.collective in COLLECTIVES:
         bound = lower_bound(topo, program.collective, args.size)
         out.update(busbw_GBps=busbw(program.collective, topo.ngpus, timing.algbw) / 1e9,
@@ -473,7 +521,8 @@ def cmd_simulate(args) -> int:
     if args.json:
         emit_json(out)
         return 0
-    print(f"{args.file}: {program.collective} on {topo.name} ({topo.ngpus} GPUs) at {format_size(args.size)}: "
+    at = format_size(args.size) + (" per chunk" if per_chunk else "")
+    print(f"{args.file}: {program.collective} on {topo.name} ({topo.ngpus} GPUs) at {at}: "
           f"{format_time(timing.finish_time_s)}, algbw {out['algbw_GBps']:.2f} GB/s"
           + (f", busbw {out['busbw_GBps']:.2f} GB/s; {out['bound_ratio']:.3f} of the lower bound "
              f"{format_time(out['lower_bound_s'])}" if "bound_ratio" in out else ""))
@@ -637,11 +686,12 @@ def _env(p):
     p.set_defaults(run=cmd_env)
 
 
-@command("run", "run an XML on N local processes (gloo) and compare with torch's own collective")
+@command("run", "run an XML on N local processes (gloo) and compare with torch's own collective (custom: its demand)")
 def _run(p):
     p.add_argument("file", metavar="FILE.xml")
     p.add_argument("--nprocs", type=positive_int, required=True)
-    p.add_argument("--size", type=size_arg, default=2**20, help="size as nccl-tests counts it (default 1MiB)")
+    p.add_argument("--size", type=size_arg, default=2**20,
+                   help="size as nccl-tests counts it; for a custom file, one chunk of its demand (default 1MiB)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum", choices=("sum", "prod", "max", "min"))
     p.add_argument("--inplace", action="store_true", help="call the collective in place")
@@ -710,7 +760,8 @@ def _bound(p):
 def _verify(p):
     p.add_argument("file", metavar="FILE.xml")
     p.add_argument("--runtime", choices=RUNTIMES, default="all")
-    p.add_argument("--demand", metavar="FILE", help="custom demand JSON (for coll=custom)")
+    p.add_argument("--demand", metavar="FILE",
+                   help="custom demand JSON (for coll=custom; overrides the demand the file carries)")
     p.add_argument("--max-findings", type=positive_int, default=20)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_verify)
@@ -720,7 +771,8 @@ def _verify(p):
 def _simulate(p):
     p.add_argument("file", metavar="FILE.xml")
     add_hw(p)
-    p.add_argument("--size", type=size_arg, default=10**9, help="size as nccl-tests counts it (default 1GB)")
+    p.add_argument("--size", type=size_arg, default=10**9,
+                   help="size as nccl-tests counts it; for a custom file, one chunk of its demand (default 1GB)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=cmd_simulate)
 

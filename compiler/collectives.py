@@ -117,6 +117,33 @@ class Demand:
         )
 
 
+@dataclass(frozen=True)
+class Alias:
+    """In an in-place call, chunk k of buffer `view` is chunk `offset + k` of buffer `base`: the
+    same memory. `base` is the whole buffer, `view` a window into it."""
+    view: str
+    base: str
+    offset: int
+
+    def map(self, slot: tuple[str, int]) -> tuple[str, int]:
+        """A (buffer, chunk) slot named in `base` terms (slots of other buffers unchanged)."""
+        return (self.base, self.offset + slot[1]) if slot[0] == self.view else slot
+
+
+def inplace_alias(collective: str, rank: int, i_chunks: int, o_chunks: int) -> Alias | None:
+    """The runtimes' aliasing of an in-place call (msccl-xml.md §10), the one statement of it:
+    allgather i[j] is o[rank*f + j] (f = i_chunks, the input per rank); reduce_scatter o[j] is
+    i[rank*f + j] (f = o_chunks); allreduce, broadcast, reduce and alltoall use one buffer for both.
+    None for collectives without an in-place form (scatter, gather, custom)."""
+    if collective in ("allreduce", "broadcast", "reduce", "alltoall"):
+        return Alias("i", "o", 0)
+    if collective == "allgather":
+        return Alias("i", "o", rank * i_chunks)
+    if collective == "reduce_scatter":
+        return Alias("o", "i", rank * o_chunks)
+    return None
+
+
 def _check(ngpus: int, size: int, chunks: int, root: int | None, collective: str) -> None:
     if ngpus < 2:
         raise DemandError(f"{collective}: needs at least 2 ranks, the topology has {ngpus}")

@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .collectives import Demand
+from .collectives import Demand, inplace_alias
 from .program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
 from .schedule import Schedule
 from .topology import Topology
@@ -216,16 +216,8 @@ def first_split(schedule: Schedule, lanes: list[int], max_steps: int) -> int:
 
 def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
     """Which input and output chunks are the same memory when the call is in place (§10)."""
-    coll = demand.collective
-    if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
-        return lambda s: ("o", s[1]) if s[0] == "i" else s
-    if coll == "allgather":
-        base = rank * demand.input_chunks
-        return lambda s: ("o", base + s[1]) if s[0] == "i" else s
-    if coll == "reduce_scatter":
-        base = rank * demand.output_chunks
-        return lambda s: ("i", base + s[1]) if s[0] == "o" else s
-    return None
+    alias = inplace_alias(demand.collective, rank, demand.input_chunks, demand.output_chunks)
+    return alias.map if alias is not None else None
 
 
 def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
@@ -318,8 +310,11 @@ def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, n
 
 
 def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
+    i_ch, o_ch = demand.input_chunks, demand.output_chunks
+    if demand.collective == "custom":  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
+        i_ch = o_ch = max(1, i_ch, o_ch)
     return tuple(
-        GpuProgram(code.rank, demand.input_chunks, demand.output_chunks, code.s_chunks,
+        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks,
                    tuple(ThreadBlock(i, s, r, ch, tuple(Step(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
                                                              bool(x[8])) for x in steps))
                          for i, (s, r, ch, steps) in enumerate(code.tbs)))
@@ -394,4 +389,4 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         nchunksperloop=max(1, demand.input_chunks, demand.output_chunks),
         nchannels=max((tb.chan for g in gpus for tb in g.tbs), default=0) + 1, gpus=gpus, proto=options.proto,
         inplace=inplace_ok, outofplace=True, min_bytes=options.min_bytes, max_bytes=options.max_bytes,
-        notes=tuple(notes))
+        demand=demand if demand.collective == "custom" else None, notes=tuple(notes))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .collectives import Demand
+
 STEP_TYPES = ("s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop")
 SENDS = frozenset({"s", "rcs", "rrs", "rrcs"})  # use the tb's send peer
 RECVS = frozenset({"r", "rcs", "rrs", "rrc", "rrcs"})  # use the tb's recv peer
@@ -85,6 +87,7 @@ class Program:
     outofplace: bool = True
     min_bytes: int = 0
     max_bytes: int = 0  # 0: no upper limit where the runtime allows it; the writer makes it finite
+    demand: Demand | None = None  # a custom collective's postcondition, in units of this program's chunks
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -106,6 +109,7 @@ class Program:
             "nchunksperloop": self.nchunksperloop, "nchannels": self.nchannels, "proto": self.proto,
             "inplace": self.inplace, "outofplace": self.outofplace,
             "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+            "demand": self.demand.to_dict() if self.demand is not None else None,
             "gpus": [
                 {"rank": g.rank, "i_chunks": g.i_chunks, "o_chunks": g.o_chunks, "s_chunks": g.s_chunks,
                  "tbs": [{"id": tb.id, "send": tb.send, "recv": tb.recv, "chan": tb.chan,
@@ -121,6 +125,7 @@ class Program:
             nchunksperloop=int(d["nchunksperloop"]), nchannels=int(d["nchannels"]), proto=d["proto"],
             inplace=bool(d["inplace"]), outofplace=bool(d["outofplace"]),
             min_bytes=int(d["min_bytes"]), max_bytes=int(d["max_bytes"]),
+            demand=Demand.from_dict(d["demand"]) if d.get("demand") is not None else None,
             gpus=tuple(
                 GpuProgram(int(g["rank"]), int(g["i_chunks"]), int(g["o_chunks"]), int(g["s_chunks"]),
                            tuple(ThreadBlock(int(t["id"]), int(t["send"]), int(t["recv"]), int(t["chan"]),

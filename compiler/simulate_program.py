@@ -28,6 +28,17 @@ class ProgramTiming:
     ntransfers: int
 
 
+def call_bytes(program: Program, size_bytes: float) -> float:
+    """The bytes of one call of `program` (nchunksperloop chunks, msccl-xml.md §4) for the size a
+    user gives: nccl-tests' size for the standard collectives; for a custom program that carries
+    its demand, the size of one chunk of the demand (as `msccl-compile custom --size` takes it),
+    which the program holds as demand.chunks_per_rank chunks."""
+    d = program.demand
+    if program.collective != "custom" or d is None:
+        return size_bytes
+    return size_bytes / d.chunks_per_rank * program.nchunksperloop
+
+
 def time_program(program: Program, topo: Topology, size_bytes: int, trace: dict | None = None) -> ProgramTiming:
     """trace: if given, filled with (rank, tb, step) -> (start, ready) of every send."""
     if program.ngpus != topo.ngpus:

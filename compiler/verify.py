@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .collectives import Demand
+from .collectives import Demand, inplace_alias
 from .errors import CompileError
 from .program import BUFFERS, PROTOCOLS, READS_SRC, RECVS, SENDS, STEP_TYPES, WRITES_DST, Program, ThreadBlock
 
@@ -36,7 +36,8 @@ class Finding:
 class Verdict:
     ok: bool
     findings: tuple[Finding, ...]
-    runtime: str
+    runtime: str  # as asked
+    runtimes: tuple[str, ...] = ()  # judged for: judged_runtimes(collective, runtime)
 
     def summary(self) -> str:
         if self.ok:
@@ -111,6 +112,12 @@ def limits_for(runtime: str, collective: str | None = None) -> Limits:
     return LIMITS[runtime]
 
 
+def judged_runtimes(collective: str, runtime: str = "all") -> tuple[str, ...]:
+    """The runtimes `verify` judges a program for: the one asked for (its coll rule reports a
+    collective it lacks), or with "all" those the collective targets."""
+    return target_runtimes(collective) if runtime == "all" else (runtime,)
+
+
 def _tbs(p: Program) -> Iterable[tuple[int, ThreadBlock]]:
     for g in p.gpus:
         for tb in g.tbs:
@@ -125,9 +132,10 @@ def _steps(p: Program):
 
 
 def expected_chunks(p: Program) -> tuple[int, int] | None:
-    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes, None where it says nothing."""
+    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes, None where it says nothing. custom
+    (legacy only) has m = 1 for both buffers in legacy's check (§2.2)."""
     n, N = p.ngpus, p.nchunksperloop
-    if p.collective in ("allreduce", "broadcast", "reduce", "alltoall"):
+    if p.collective in ("allreduce", "broadcast", "reduce", "alltoall", "custom"):
         return N, N
     if p.collective == "allgather":
         return N // n, N
@@ -163,9 +171,12 @@ def gpu_ids(p: Program, lim: Limits) -> list[Finding]:
 
 
 def inplace_flags(p: Program, lim: Limits) -> list[Finding]:
-    if p.inplace or p.outofplace:
-        return []
-    return [finding("inplace-flags", "neither inplace nor outofplace is set: no call can use the algorithm")]
+    if not (p.inplace or p.outofplace):
+        return [finding("inplace-flags", "neither inplace nor outofplace is set: no call can use the algorithm")]
+    if p.inplace and inplace_alias(p.collective, 0, 1, 1) is None:
+        return [finding("inplace-flags", f"inplace=1, but {p.collective} has no in-place form (msccl-xml.md §10): "
+                                         "an in-place call of it cannot be judged")]
+    return []
 
 
 def coll(p: Program, lim: Limits) -> list[Finding]:
@@ -510,13 +521,16 @@ STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", 
 
 
 def verify(program: Program, runtime: str = "all", demand: Demand | None = None, sms: int | None = None) -> Verdict:
-    """All static rules for `runtime` ("old", "executor", "rccl" or "all" = the strictest over the
-    runtimes the collective targets, `target_runtimes`),
-    then symbolic execution against the postcondition: once as an out-of-place call and once as an
-    in-place call, for each kind the header allows."""
+    """All static rules for `runtime` ("old", "executor", "rccl", or "all" = the strictest over the
+    runtimes that have the program's collective, see `target_runtimes`), then symbolic execution
+    against the postcondition (`demand`, else the program's own demand, else the standard
+    collective's): once as an out-of-place call and once as an in-place call, for each kind the
+    header allows."""
     from .verify_exec import dynamic  # imported here: verify_exec imports Finding from this module
 
+    judged = judged_runtimes(program.collective, runtime)
     lim = limits_for(runtime, program.collective)
+    demand = demand if demand is not None else program.demand
     findings = [f for rule in STATIC_RULES for f in rule(program, lim)]
     findings += co_residency(program, sms)
     if not any(f.rule in STRUCTURAL for f in findings):
@@ -534,4 +548,4 @@ def verify(program: Program, runtime: str = "all", demand: Demand | None = None,
                 if inplace and program.outofplace:
                     f = Finding(f.rule, f.message + " [in-place call]", f.rank, f.tb, f.step)
                 findings.append(f)
-    return Verdict(not findings, tuple(findings), runtime)
+    return Verdict(not findings, tuple(findings), runtime, judged)

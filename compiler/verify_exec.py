@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .collectives import Chunk, Demand, make_demand
+from .collectives import Chunk, Demand, inplace_alias, make_demand
 from .program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
 from .verify import Finding, connections, expected_chunks, finding
 
@@ -354,8 +354,17 @@ def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc:
             got = mem[addrs[d]["o"][di]]
             if got not in ok:
                 want_s = " or ".join(sorted(enc.describe(v) for v in ok))
-                out.append(finding("postcondition", f"o[{di}] should hold {want_s}, but holds {enc.describe(got)}", d))
+                out.append(finding("postcondition", f"{_out_name(p, addrs, d, di)} should hold {want_s}, but holds "
+                                                    f"{enc.describe(got)}", d))
     return out
+
+
+def _out_name(p: Program, addrs: list[dict], rank: int, k: int) -> str:
+    """o[k], with the input chunk it is in place where the file declares no output (o_chunks=0)."""
+    a = addrs[rank]["o"][k]
+    if p.gpus[rank].o_chunks > 0 or a not in addrs[rank]["i"]:
+        return f"o[{k}]"
+    return f"o[{k}] (i[{addrs[rank]['i'].index(a)}] in place)"
 
 
 def _root_candidates(p: Program) -> list[int]:
@@ -373,45 +382,43 @@ def _root_candidates(p: Program) -> list[int]:
     return first + [r for r in range(p.ngpus) if r not in first]
 
 
-def _layout(p: Program, inplace: bool, n_in_expected: int | None):
-    """Flat addresses of every (rank, buffer, chunk), input chunks per rank, and the aliasing of an
-    in-place call (msccl-xml.md §10): allgather i[j] = o[rank*f + j]; reduce_scatter
-    o[j] = i[rank*f + j]; every other collective i[k] = o[k]."""
+def _layout(p: Program, inplace: bool):
+    """Flat addresses of every (rank, buffer, chunk) and the input chunks per rank. Out of place
+    the three buffers are separate, sized as declared. In place, the aliasing of
+    compiler.collectives.inplace_alias: the base buffer has at least the size msccl-xml.md §4
+    gives it, and the view's chunks are addresses inside it (a view declared with 0 chunks, as
+    msccl-tools writes it, still has its §4 size)."""
+    exp = expected_chunks(p)
     addrs, n_in, nxt = [], [], 0
-    f = p.nchunksperloop // p.ngpus if p.ngpus else 0
     for g in p.gpus:
-        o = list(range(nxt, nxt + max(g.o_chunks, 0)))
-        nxt += len(o)
-        s = list(range(nxt, nxt + max(g.s_chunks, 0)))
-        nxt += len(s)
-        k_in = max(g.i_chunks, 0)
-        if inplace and n_in_expected is not None:
-            k_in = max(k_in, n_in_expected)  # in-place allgather files may declare i_chunks=0
-        i = []
-        for k in range(k_in):
-            if not inplace:
-                j = -1
-            elif p.collective == "allgather":
-                j = g.rank * f + k
-            elif p.collective == "reduce_scatter":
-                j = k - g.rank * f
-            else:
-                j = k
-            if 0 <= j < len(o):
-                i.append(o[j])
-            else:
-                i.append(nxt)
-                nxt += 1
-        addrs.append({"i": i, "o": o, "s": s})
-        n_in.append(k_in)
+        size = {b: max(g.chunks(b), 0) for b in "ios"}
+        alias = inplace_alias(p.collective, g.rank, *exp) if inplace and exp else None
+        if alias is not None:
+            for b, want in zip("io", exp):
+                size[b] = max(size[b], want)
+        bufs = {}
+        for b in "osi":
+            if alias is not None and b == alias.view:
+                continue
+            bufs[b] = list(range(nxt, nxt + size[b]))
+            nxt += size[b]
+        if alias is not None:
+            base = bufs[alias.base]
+            view = []
+            for k in range(size[alias.view]):
+                j = alias.offset + k
+                view.append(base[j] if 0 <= j < len(base) else nxt)
+                nxt += not 0 <= j < len(base)
+            bufs[alias.view] = view
+        addrs.append(bufs)
+        n_in.append(size["i"])
     return addrs, n_in, nxt
 
 
 def initial_memory(p: Program, inplace: bool):
     """(addresses, memory size, initial contents, encoding) of a call of `p`: every rank's input
     chunk j holds the symbol of (rank, j)."""
-    exp = expected_chunks(p)
-    addrs, n_in, size = _layout(p, inplace, exp[0] if exp else None)
+    addrs, n_in, size = _layout(p, inplace)
     enc = Encoding(max(n_in, default=1))
     init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
     return addrs, size, init, enc

@@ -172,12 +172,13 @@ def test_a_file_called_verified_passes_verify_with_default_options(tmp_path, col
     proc = run_cli(coll, "--hw", "dgx-a100", "--size", "1MB", "-o", "f.xml", cwd=tmp_path)
     assert proc.returncode == 0 and f"verified for {targets}" in proc.stdout, proc.stdout + proc.stderr
     check = run_cli("verify", "f.xml", cwd=tmp_path)
-    assert check.returncode == 0 and f"correct for {targets}" in check.stdout, check.stdout
+    assert check.returncode == 0 and f"correct for runtime {targets}" in check.stdout, check.stdout
     assert run_cli("verify", "f.xml", "--runtime", "old", cwd=tmp_path).returncode == (1 if coll != "allgather" else 0)
 
 
 def test_a_runtime_without_the_collective_is_refused_up_front(tmp_path):
     t0 = time.perf_counter()
     proc = run_cli("scatter", "--hw", "dgx2", "--nodes", "2", "--runtime", "old", "-o", "s.xml", cwd=tmp_path)
-    one_error_line(proc, "has no coll=scatter; use executor or rccl")
+    one_error_line(proc, "--runtime: old cannot run scatter: its coll attribute has no scatter; "
+                         "use --runtime executor, rccl or all")
     assert time.perf_counter() - t0 < 30 and not os.listdir(tmp_path)

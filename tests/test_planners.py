@@ -160,3 +160,20 @@ def test_impossible_demands_are_clear_errors(tmp_path):
                          (("allgather", "--hw", "dgx2", "--root", "1"), "--root 1 (allgather has no root")):
         proc = run_cli(*args)
         assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("method", ["milp", "rounds", "auto"])
+def test_reduction_with_single_contributors_plans(method):
+    """A reduction chunk whose only contributor is its owner has nothing to reduce-scatter: that
+    phase moves nothing and must not be planned over 0 epochs (it was an error for the MILP)."""
+    from compiler.collectives import Chunk, Demand
+    from compiler.lowering import LowerOptions, lower
+    from compiler.verify import verify
+    topo = tiny("ring", 4)
+    # the README's custom example with "reduce": true: every chunk has one contributor
+    chunks = (Chunk(0, (0,), (1, 2), (0,), (0, 0)), Chunk(1, (3,), (0,), (0,), (0,)))
+    demand = Demand("custom", 4, chunks, 1e6, int(2e6), 1, True, None, 1, 1)
+    schedule = plan(topo, demand, PlanOptions(method=method, time_limit=10, refine=False))
+    assert simulate(topo, schedule).finish_time_s > 0  # the simulator refuses unmet needs
+    v = verify(lower(schedule, topo, LowerOptions(runtime="old")), "old", demand)
+    assert v.ok, v.summary()  # every destination ends with the full sum of its chunk

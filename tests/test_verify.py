@@ -145,6 +145,9 @@ def test_allgather_with_explicit_demand():
 
 def test_custom_program_needs_a_demand():
     p = replace(ring_allgather_1tb(), collective="custom")
+    # legacy, the one runtime with coll="custom", reads both buffers as nchunksperloop chunks (§2.2)
+    assert "buffer-size" in rules(verify(p, "old", demand=make_demand("allgather", 4, 1 << 20, 1)))
+    p = replace(p, gpus=tuple(replace(g, i_chunks=4) for g in p.gpus))
     assert verify(p, "old", demand=make_demand("allgather", 4, 1 << 20, 1)).ok
     assert rules(verify(p, "old")) == {"postcondition"}
     assert "coll" in rules(verify(p, "executor", demand=make_demand("allgather", 4, 1 << 20, 1)))

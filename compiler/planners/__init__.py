@@ -52,12 +52,27 @@ def get(name: str) -> Planner:
     return PLANNERS[name]
 
 
+def moves_nothing(demand: Demand) -> bool:
+    """No chunk has to travel: every destination holds its chunk already (for a reduction, it is
+    the chunk's only contributor). A phase of a reduction can be like that (a chunk with one
+    contributor needs no reduce-scatter), and no planner has a horizon of 0 epochs."""
+    return all(set(c.dests) <= set(c.sources) and (not demand.reduce or len(c.sources) == 1) for c in demand.chunks)
+
+
+def nothing_to_move(topo: Topology, demand: Demand, method: str) -> Schedule:
+    from ..timing import choose_tau
+    return Schedule(demand, topo.name, (), choose_tau(topo, demand.chunk_bytes), 0, method, "optimal",
+                    notes=(f"{demand.collective}: no chunk has to move",))
+
+
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     """Plan `demand` with options.method, handling reductions for planners that only move copies.
     The plan returns by options.deadline, or time_limit seconds from now where none is set."""
     if options.deadline is None:
         options = replace(options, deadline=time.perf_counter() + options.time_limit)
     planner = get(options.method)
+    if moves_nothing(demand):
+        return nothing_to_move(topo, demand, options.method)
     if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
         return planner(topo, demand, options)
     from .compose import allreduce_phases, concatenate, dual_demand, reverse_schedule
@@ -67,7 +82,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         first = plan(topo, rs, replace(options, deadline=time.perf_counter() + half,
                                         time_limit=min(options.time_limit, half)))
         return concatenate(first, plan(topo, ag, options), demand)
-    dual = planner(topo.reversed(), dual_demand(demand), options)
+    dual = plan(topo.reversed(), dual_demand(demand), options)
     return reverse_schedule(dual, demand, topo)
 
 
