@@ -74,7 +74,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     """Every (chunking, method) candidate within the time limit, judged by the simulator. With
     options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
     often pay; the simulator decides), the optimisers' share of time divided among them."""
-    from . import PLANNERS, plan as plan_with
+    from . import MODULES, plan as plan_with
     from ..simulate import simulate
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit * BUDGET
@@ -99,7 +99,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
                 methods = [m for m in methods if m == "ring"]
         skipped += [f"{x} at {parts}x" for x in left_out] if parts > 1 else left_out
         for method in methods:
-            if method not in PLANNERS:
+            if method not in MODULES:
                 skipped.append(f"{method} (not available)")
                 continue
             if results and max(r[4] for r in results) >= GOOD_ENOUGH:

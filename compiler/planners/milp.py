@@ -340,15 +340,11 @@ def prune_useless(transfers: list[Transfer], demand: Demand) -> list[Transfer]:
 
 
 def _baseline(topo, demand, options) -> Schedule | None:
-    from . import PLANNERS, _load
-    try:
-        _load()
-    except ImportError:
-        return None
+    from . import get
     best = None
     for name in ("direct", "ring", "hier"):
         try:
-            s = PLANNERS[name](topo, demand, options)
+            s = get(name)(topo, demand, options)
         except Exception:  # a baseline that does not apply here is simply not a warm start
             continue
         if best is None or s.epochs < best.epochs:
