@@ -26,5 +26,5 @@ setup(
         "torch": ["torch==2.13.0", "matplotlib>=3.7"],
         "test": ["pytest>=7", "hypothesis>=6"],
     },
-    entry_points={"console_scripts": ["msccl-compile=compiler.cli:main"]},
+    entry_points={"console_scripts": ["msccl-compile=compiler.cli.main:main"]},
 )

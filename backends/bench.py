@@ -50,11 +50,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from compiler.bounds import busbw
-from compiler.collectives import canonical, inplace_alias
-from compiler.errors import CompileError
+from compiler.analysis.bounds import busbw
+from compiler.model.demand import canonical, inplace_alias
+from compiler.specs.errors import CompileError
 from compiler.fileio import atomic_write
-from compiler.units import parse_size
+from compiler.specs.units import parse_size
 
 from . import torch_dist as td
 from .bench_options import SIDES, configure
@@ -395,7 +395,7 @@ def _torch_call(coll: str, inplace: bool, rank: int, n: int, root: int | None, o
     rs = td._collective_fn("reduce_scatter_tensor")
 
     def window(x: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the whole buffer x in an in-place call (compiler.collectives.inplace_alias,
+        """This rank's slice of the whole buffer x in an in-place call (compiler.model.demand.inplace_alias,
         counted in elements)."""
         m = x.numel() // n
         start = inplace_alias(coll, rank, m, m).offset
@@ -603,7 +603,7 @@ def _cases(coll: str, sizes: list[int], n: int, itemsize: int, inplace: bool, xm
             notes.append(f"size {size} B rounded down to {E * itemsize} B (whole chunks)")
         root = None
         if coll in ("broadcast", "reduce", "scatter", "gather"):
-            from compiler.verify_exec import _root_candidates
+            from compiler.program.interpret import _root_candidates
             root = _root_candidates(program)[0] if program is not None else 0
         cases.append(_Case(k, size, E, algo, program, root))
     return cases

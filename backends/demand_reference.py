@@ -17,7 +17,7 @@ from functools import reduce
 
 import torch
 
-from compiler.collectives import Demand
+from compiler.model.demand import Demand
 
 SPREAD = 17  # values of one (rank, chunk) lie in [k*SPREAD - 8, k*SPREAD + 8]: disjoint for distinct k
 _EXACT = {torch.float16: 2 ** 11, torch.bfloat16: 2 ** 8, torch.float32: 2 ** 24, torch.float64: 2 ** 53,

@@ -42,11 +42,11 @@ from importlib import resources
 import jinja2
 from lxml import etree
 
-from compiler.collectives import Demand
-from compiler.errors import CompileError
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
 from compiler.fileio import atomic_write, read_input
-from compiler.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
-from compiler.verify import target_runtimes
+from compiler.model.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
+from compiler.program.verify import target_runtimes
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
 

@@ -89,12 +89,12 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from compiler.collectives import canonical, inplace_alias
-from compiler.errors import CompileError
+from compiler.model.demand import canonical, inplace_alias
+from compiler.specs.errors import CompileError
 from compiler.fileio import read_input
-from compiler.program import RECVS, SENDS, Program
-from compiler.verify import STATIC_RULES, STRUCTURAL, connections, expected_chunks, limits_for
-from compiler.verify_exec import Machine, _root_candidates, initial_memory
+from compiler.model.program import RECVS, SENDS, Program
+from compiler.program.verify import STATIC_RULES, STRUCTURAL, connections, expected_chunks, limits_for
+from compiler.program.interpret import Machine, _root_candidates, initial_memory
 
 __all__ = [
     "RUNTIMES", "ExecutionError", "AlgoHeader", "read_header", "algorithm_files", "msccl_env", "msccl_environment",
@@ -553,7 +553,7 @@ def _first_line(e: BaseException) -> str:
 
 def _buffers(p: Program, rank: int, flat: torch.Tensor, ce: int, inplace: bool) -> dict[str, torch.Tensor]:
     """This rank's i, o and s buffers (chunks of `ce` elements) for a call on input `flat`. In
-    place, the aliasing of compiler.collectives.inplace_alias: the view is a slice of the base,
+    place, the aliasing of compiler.model.demand.inplace_alias: the view is a slice of the base,
     which has at least its msccl-xml.md §4 size (so a view declared with 0 chunks still works)."""
     g, (n_in, n_out) = p.gpus[rank], io_chunks(p)
     dtype, device = flat.dtype, flat.device
@@ -580,7 +580,7 @@ def execute(program: Program | ExecPlan, inputs: torch.Tensor, op="sum", timeout
     """Runs this rank's part of `program` inside an initialised gloo process group; call it on
     every rank. `inputs` is this rank's input buffer (i_chunks chunks; chunk = numel / i_chunks).
     Returns the output buffer (o_chunks chunks). In place (`inplace=True`) follows the MSCCL
-    aliasing (msccl-xml.md §10, compiler.collectives.inplace_alias; see `_buffers`): allgather
+    aliasing (msccl-xml.md §10, compiler.model.demand.inplace_alias; see `_buffers`): allgather
     copies `inputs` into the output at rank*numel; reduce-scatter writes into `inputs` and returns
     its rank's slice; the others overwrite `inputs` and return it. `timeout` bounds the whole call
     (seconds); on expiry, or when a peer fails, raises ExecutionError naming the rank, tb, step and

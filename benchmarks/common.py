@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from compiler.bounds import bound_for
+from compiler.analysis.bounds import bound_for
 from compiler.planners import PlanOptions, plan
-from compiler.simulate import simulate
+from compiler.analysis.simulate import simulate
 
 
 def ours_ring_bound(topo, demand, time_limit: float) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 CLI = [sys.executable, "-m", "compiler.cli"]
 COLLECTIVES = ["allgather", "alltoall", "reduce_scatter", "allreduce", "broadcast", "reduce", "scatter", "gather"]
 CASES: list[tuple[str, list[str]]] = (
-    [(f"{c}-dgx-a100-1MB", [c, "--hw", "dgx-a100", "--size", "1MB"]) for c in COLLECTIVES]
+    [(f"{c}-dgx-a100-1MB", [c, "--hw", "dgx-a100", "--size", "1MB", "--chunks", "1"]) for c in COLLECTIVES]
     + [(f"{c}-dgx2x2-{s}-{m}", [c, "--hw", "dgx2", "--nodes", "2", "--size", s, "--method", m])
        for c, methods in (("allgather", ("hier", "ring")), ("alltoall", ("lp", "ring")))
        for s in ("64KB", "1GB") for m in methods]

@@ -15,13 +15,13 @@ import sys
 import time
 
 from backends.msccl_xml import to_xml
-from compiler.collectives import make_demand
-from compiler.lowering import lower
+from compiler.model.demand import make_demand
+from compiler.lowering.lower import lower
 from compiler.planners import PlanOptions, plan
-from compiler.profiles import load_topology
-from compiler.simulate import simulate
-from compiler.simulate_program import time_program
-from compiler.verify import verify
+from compiler.model.profiles import load_topology
+from compiler.analysis.simulate import simulate
+from compiler.program.timing import time_program
+from compiler.program.verify import verify
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:

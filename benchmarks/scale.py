@@ -22,11 +22,11 @@ SYSTEMS = [("dgx-a100", 1), ("dgx-a100", 2), ("dgx-a100", 4), ("dgx-a100", 8), (
 
 def one(hw: str, nodes: int, method: str, chunks: int | None, limit: float, size: int) -> dict:
     """Plan one case in this process and report it (with this process's peak memory)."""
-    from compiler.collectives import make_demand
-    from compiler.errors import CompileError
+    from compiler.model.demand import make_demand
+    from compiler.specs.errors import CompileError
     from compiler.planners import PlanOptions, plan
-    from compiler.profiles import load_topology
-    from compiler.simulate import simulate
+    from compiler.model.profiles import load_topology
+    from compiler.analysis.simulate import simulate
     topo = load_topology(hw, nodes)
     demand = make_demand("allgather", topo.ngpus, size, chunks or 1)
     t0 = time.perf_counter()

@@ -15,9 +15,9 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ours_ring_bound  # noqa: E402
-from compiler.collectives import make_demand  # noqa: E402
-from compiler.profiles import load_topology  # noqa: E402
-from compiler.units import parse_size  # noqa: E402
+from compiler.model.demand import make_demand  # noqa: E402
+from compiler.model.profiles import load_topology  # noqa: E402
+from compiler.specs.units import parse_size  # noqa: E402
 
 CASES = [("dgx2", 1), ("dgx2", 2), ("dgx-a100", 1), ("mi250", 1)]
 

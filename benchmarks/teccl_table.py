@@ -20,9 +20,9 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ours_ring_bound  # noqa: E402
-from compiler.collectives import make_demand  # noqa: E402
-from compiler.profiles import load_topology  # noqa: E402
-from compiler.units import parse_size  # noqa: E402
+from compiler.model.demand import make_demand  # noqa: E402
+from compiler.model.profiles import load_topology  # noqa: E402
+from compiler.specs.units import parse_size  # noqa: E402
 
 SIZES = ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB", "256MB", "1GB"]
 # size -> (TE-CCL algbw GB/s, TE-CCL solver s, TACCL algbw GB/s or None)

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .errors import CompileError
+from compiler.specs.errors import CompileError
 
 # one list per open outputs(): (temporary file, target) to rename, (None, target) to remove,
 # (directory, None) made for the outputs and removed again on failure

@@ -36,7 +36,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backends.torch_dist import RUNTIMES, export_lines, msccl_environment
-from compiler.errors import CompileError
+from compiler.specs.errors import CompileError
 
 
 def log(rank: int, msg: str) -> None:

@@ -1,1 +1,1 @@
-"""Hardware profiles shipped with msccl-compile (JSON files, loaded by compiler.profiles)."""
+"""Hardware profiles shipped with msccl-compile (JSON files, loaded by compiler.model.profiles)."""

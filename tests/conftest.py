@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from compiler.profiles import load_topology
+from compiler.model.profiles import load_topology
 
 
 def run_cli(*args, cwd=None, timeout=600):

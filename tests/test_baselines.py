@@ -6,12 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.collectives import COLLECTIVES, Chunk, Demand, make_demand
-from compiler.errors import CompileError
-from compiler.planners import PlanOptions, get
+from compiler.model.demand import COLLECTIVES, Chunk, Demand, make_demand
+from compiler.specs.errors import CompileError
+from compiler.planners import PlanOptions
+from compiler.planners.registry import get
 from compiler.planners.baselines import find_rings
-from compiler.simulate import simulate
-from compiler.timing import expand
+from compiler.analysis.simulate import simulate
+from compiler.model.timing import expand
 
 GB = 10**9
 OPTS = PlanOptions()
@@ -185,7 +186,7 @@ def custom_demands(draw):
 @settings(max_examples=40, deadline=None)
 @given(custom_demands(), st.sampled_from(["ring", "direct"]))
 def test_random_custom_demands_are_met(demand, method):
-    from compiler.profiles import load_topology
+    from compiler.model.profiles import load_topology
     t = load_topology("fully-connected:4")
     sched = get(method)(t, demand, OPTS)
     m = simulate(t, sched)

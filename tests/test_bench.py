@@ -11,11 +11,11 @@ import pytest
 
 from backends import bench
 from backends.msccl_xml import to_xml
-from compiler.collectives import make_demand
-from compiler.errors import CompileError
-from compiler.lowering import LowerOptions, lower
+from compiler.model.demand import make_demand
+from compiler.specs.errors import CompileError
+from compiler.lowering.lower import LowerOptions, lower
 from compiler.planners import PlanOptions, plan
-from compiler.profiles import load_topology
+from compiler.model.profiles import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 COLUMNS = ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong")
@@ -214,6 +214,6 @@ def test_cli_parser_does_not_import_torch():
     """Every msccl-compile command builds the bench parser; its options live in a torch-free module."""
     from backends import bench_options, torch_dist
     assert bench_options.RUNTIMES == torch_dist.RUNTIMES and bench.SIDES == bench_options.SIDES
-    code = ("import sys; from compiler.cli import build_parser; build_parser(); "
+    code = ("import sys; from compiler.cli.main import build_parser; build_parser(); "
             "assert 'torch' not in sys.modules, 'building the parser imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

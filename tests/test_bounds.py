@@ -1,9 +1,9 @@
 import pytest
 
-from compiler.bounds import bound_for, busbw, lower_bound, min_cut
-from compiler.collectives import make_demand
-from compiler.errors import DemandError
-from compiler.profiles import compose, load_topology, synthetic_profile
+from compiler.analysis.bounds import bound_for, busbw, lower_bound, min_cut
+from compiler.model.demand import make_demand
+from compiler.specs.errors import DemandError
+from compiler.model.profiles import compose, load_topology, synthetic_profile
 from tests.conftest import run_cli
 
 GB = 10**9
@@ -93,8 +93,8 @@ def test_min_cut_uses_the_best_switch_placement(topo):
 
 
 def test_exhaustive_and_structured_cuts_agree_where_both_apply(topo):
-    from compiler.bounds import EXACT_MAX_VERTICES, Traffic, cut_bound
-    import compiler.bounds as bounds
+    from compiler.analysis.bounds import EXACT_MAX_VERTICES, Traffic, cut_bound
+    import compiler.analysis.bounds as bounds
     t = topo("mi250")
     demand = make_demand("alltoall", t.ngpus, GB)
     exact = cut_bound(t, Traffic.of(demand))
@@ -153,7 +153,7 @@ def test_cli_errors_are_one_line_exit_2(args, needle):
 
 
 def test_a_chunk_held_on_both_sides_of_a_cut_need_not_cross_it():
-    from compiler.bounds import Traffic
+    from compiler.analysis.bounds import Traffic
     import numpy as np
     src = np.array([[True, True, False, False]])
     dst = np.array([[True, True, True, True]])

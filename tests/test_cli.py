@@ -6,7 +6,7 @@ import pytest
 from lxml import etree
 
 from backends.msccl_xml import read_xml
-from compiler.verify import verify
+from compiler.program.verify import verify
 from tests.conftest import run_cli
 
 ISSUE3_KEYS = {"collective", "hw", "nodes", "ngpus", "size_bytes", "chunks", "method", "status", "solve_time_s",
@@ -125,7 +125,7 @@ def test_verbose_solver_log_goes_to_stderr(tmp_path):
 
 def test_progress_reports_only_after_two_seconds(monkeypatch, capsys):
     import time
-    from compiler import cli
+    import compiler.cli.main as cli
     clock = iter([0.0, 1.0, 3.0])
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     report = cli.Progress(True)

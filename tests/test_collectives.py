@@ -1,10 +1,10 @@
 import pytest
 
-from compiler.collectives import canonical, load_custom_demand, make_demand, merge, on_ranks
-from compiler.errors import DemandError
+from compiler.model.demand import canonical, load_custom_demand, make_demand, merge, on_ranks
+from compiler.specs.errors import DemandError
 from compiler.planners import PlanOptions, plan
-from compiler.profiles import load_topology
-from compiler.simulate import simulate
+from compiler.model.profiles import load_topology
+from compiler.analysis.simulate import simulate
 
 
 def test_standard_demands_have_the_msccl_buffer_layout():

@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 
 from backends.msccl_xml import XmlError, read_xml, to_xml
-from compiler.collectives import load_custom_demand
-from compiler.lowering import LowerOptions, lower
+from compiler.model.demand import load_custom_demand
+from compiler.lowering.lower import LowerOptions, lower
 from compiler.planners import PlanOptions, plan
-from compiler.program import Program
-from compiler.simulate import simulate
-from compiler.verify import verify
+from compiler.model.program import Program
+from compiler.analysis.simulate import simulate
+from compiler.program.verify import verify
 from tests.conftest import run_cli
 
 REDUCTIONS = {

@@ -1,9 +1,9 @@
 import pytest
 
-from compiler.collectives import make_demand
-from compiler.errors import CompileError
+from compiler.model.demand import make_demand
+from compiler.specs.errors import CompileError
 from compiler.planners import PlanOptions, plan
-from compiler.simulate import simulate
+from compiler.analysis.simulate import simulate
 
 GB = 10**9
 

@@ -3,7 +3,7 @@
 The programs below are written by hand in msccl-tools' style: no outofplace/minBytes/maxBytes (so
 in-place only), reductions and copies all on `i` with o_chunks="0" (allreduce, reduce-scatter),
 or all on `o` with i_chunks="0" (allgather). The verifier and the torch executor judge them by the
-runtime's aliasing (compiler.collectives.inplace_alias); broken variants must be named.
+runtime's aliasing (compiler.model.demand.inplace_alias); broken variants must be named.
 """
 
 import re
@@ -11,9 +11,9 @@ import re
 import pytest
 
 from backends.msccl_xml import read_xml
-from compiler.collectives import Alias, inplace_alias, make_demand
-from compiler.lowering import alias_map
-from compiler.verify import verify
+from compiler.model.demand import Alias, inplace_alias, make_demand
+from compiler.lowering.lower import alias_map
+from compiler.program.verify import verify
 
 from tests.conftest import run_cli
 

@@ -10,13 +10,14 @@ import pytest
 from lxml import etree
 
 from backends.msccl_xml import read_xml, to_xml
-from compiler.collectives import COLLECTIVES, Chunk, Demand, make_demand
-from compiler.errors import CompileError
-from compiler.lowering import LowerOptions, LoweringError, lower, runtime_limits
-from compiler.planners import PlanOptions, get
-from compiler.program import Program
-from compiler.schedule import Schedule, Transfer
-from compiler.verify import verify
+from compiler.model.demand import COLLECTIVES, Chunk, Demand, make_demand
+from compiler.specs.errors import CompileError
+from compiler.lowering.lower import LowerOptions, LoweringError, lower, runtime_limits
+from compiler.planners import PlanOptions
+from compiler.planners.registry import get
+from compiler.model.program import Program
+from compiler.model.schedule import Schedule, Transfer
+from compiler.program.verify import verify
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -360,8 +361,8 @@ def test_schedule_that_sends_what_a_rank_does_not_hold(topo):
 
 
 def test_same_schedule_same_bytes_in_fresh_processes(tmp_path):
-    code = ("import hashlib;from compiler.profiles import load_topology;from compiler.collectives import make_demand;"
-            "from compiler.planners import get, PlanOptions;from compiler.lowering import lower;"
+    code = ("import hashlib;from compiler.model.profiles import load_topology;from compiler.model.demand import make_demand;"
+            "from compiler.planners.registry import get;from compiler.planners import PlanOptions;from compiler.lowering.lower import lower;"
             "from backends.msccl_xml import to_xml;t=load_topology('dgx1');d=make_demand('allreduce',8,1<<20,2);"
             "print(hashlib.sha256(to_xml(lower(get('ring')(t,d,PlanOptions()),t)).encode()).hexdigest())")
     digests = set()

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from backends.msccl_xml import UNLIMITED_MAX_BYTES, XmlError, read_xml, save_xml, to_xml
-from compiler.errors import CompileError
-from compiler.program import BUFFERS, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
+from compiler.specs.errors import CompileError
+from compiler.model.program import BUFFERS, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
 
 ALGO_ATTRS = ["name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace", "minBytes",
               "maxBytes"]

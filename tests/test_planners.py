@@ -2,14 +2,14 @@
 
 import pytest
 
-from compiler.bounds import bound_for
-from compiler.collectives import make_demand
-from compiler.errors import CompileError, InfeasibleError
+from compiler.analysis.bounds import bound_for
+from compiler.model.demand import make_demand
+from compiler.specs.errors import CompileError, InfeasibleError
 from compiler.planners import PlanOptions, plan
 from compiler.planners import milp
-from compiler.profiles import compose, load_topology, synthetic_profile
-from compiler.simulate import simulate
-from compiler.timing import expand
+from compiler.model.profiles import compose, load_topology, synthetic_profile
+from compiler.analysis.simulate import simulate
+from compiler.model.timing import expand
 
 GB = 10**9
 FAST = PlanOptions(time_limit=30, warm_start=False)
@@ -82,7 +82,7 @@ def test_horizon_grows_from_the_bound_until_feasible():
     s = plan(topo, demand, PlanOptions(method="milp", time_limit=30, warm_start=False))
     assert s.epochs > lower  # the bound's horizon was too short
     # judged independently: one epoch less is infeasible, the chosen horizon is feasible
-    from compiler.planners.solver import solve
+    from compiler.planners.highs import solve
     below = milp.build(topo, demand, te, s.epochs - 1, False)
     assert not solve(below.problem, time_limit=30).has_solution
     assert "infeasible" in s.notes[0]
@@ -130,7 +130,7 @@ def test_auto_explains_its_choice_and_is_the_fastest_candidate():
 
 
 def test_auto_solves_in_windows_when_the_exact_model_fails(monkeypatch):
-    from compiler.planners import PLANNERS
+    from compiler.planners.registry import PLANNERS
 
     def too_big(topo, demand, options):
         raise InfeasibleError("milp: no schedule found (test)")
@@ -166,9 +166,9 @@ def test_impossible_demands_are_clear_errors(tmp_path):
 def test_reduction_with_single_contributors_plans(method):
     """A reduction chunk whose only contributor is its owner has nothing to reduce-scatter: that
     phase moves nothing and must not be planned over 0 epochs (it was an error for the MILP)."""
-    from compiler.collectives import Chunk, Demand
-    from compiler.lowering import LowerOptions, lower
-    from compiler.verify import verify
+    from compiler.model.demand import Chunk, Demand
+    from compiler.lowering.lower import LowerOptions, lower
+    from compiler.program.verify import verify
     topo = tiny("ring", 4)
     # the README's custom example with "reduce": true: every chunk has one contributor
     chunks = (Chunk(0, (0,), (1, 2), (0,), (0, 0)), Chunk(1, (3,), (0,), (0,), (0,)))

@@ -4,9 +4,9 @@ from importlib import resources
 
 import pytest
 
-from compiler.errors import ProfileError
-from compiler.profiles import list_profiles, load_topology
-from compiler.topology import Topology
+from compiler.specs.errors import ProfileError
+from compiler.model.profiles import list_profiles, load_topology
+from compiler.model.topology import Topology
 from tests.conftest import run_cli
 
 GB = 1e9

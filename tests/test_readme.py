@@ -117,7 +117,7 @@ def test_parse_blocks_reads_markers_and_indented_fences():
 
 
 def test_json_profile_example_loads(blocks, tmp_path):
-    from compiler.profiles import load_topology
+    from compiler.model.profiles import load_topology
     examples = [b for b in blocks if b.info == "json"]
     assert examples
     for b in examples:

@@ -3,14 +3,14 @@ the ring baseline, and the concatenation of its windows."""
 
 import pytest
 
-from compiler.collectives import make_demand
-from compiler.errors import InfeasibleError
+from compiler.model.demand import make_demand
+from compiler.specs.errors import InfeasibleError
 from compiler.planners import PlanOptions, plan
 from compiler.planners.rounds import plan_rounds, window_length
-from compiler.planners.timexp import capacity_violations
-from compiler.profiles import compose, load_topology, synthetic_profile
-from compiler.simulate import simulate
-from compiler.timing import expand
+from compiler.planners.flows import capacity_violations
+from compiler.model.profiles import compose, load_topology, synthetic_profile
+from compiler.analysis.simulate import simulate
+from compiler.model.timing import expand
 
 GB = 10**9
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from compiler.collectives import Chunk, Demand, make_demand
-from compiler.errors import CompileError
-from compiler.profiles import compose, synthetic_profile
-from compiler.schedule import Schedule, Transfer
-from compiler.simulate import ScheduleError, simulate
+from compiler.model.demand import Chunk, Demand, make_demand
+from compiler.specs.errors import CompileError
+from compiler.model.profiles import compose, synthetic_profile
+from compiler.model.schedule import Schedule, Transfer
+from compiler.analysis.simulate import ScheduleError, simulate
 
 MB = 10**6
 SYN_BW, SYN_ALPHA = 25e9, 0.7e-6  # synthetic profiles: 25 GB/s links, 0.7 us per transfer

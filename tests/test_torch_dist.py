@@ -13,12 +13,12 @@ import torch
 
 from backends import torch_dist as td
 from backends.msccl_xml import read_xml, to_xml
-from compiler.collectives import make_demand
-from compiler.errors import CompileError
-from compiler.lowering import LowerOptions, lower
+from compiler.model.demand import make_demand
+from compiler.specs.errors import CompileError
+from compiler.lowering.lower import LowerOptions, lower
 from compiler.planners import PlanOptions, plan
-from compiler.profiles import load_topology
-from compiler.program import GpuProgram, Program, Step, ThreadBlock
+from compiler.model.profiles import load_topology
+from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
 
 REPO = Path(__file__).resolve().parents[1]
 N = 4

@@ -3,10 +3,10 @@ from dataclasses import replace
 
 import pytest
 
-from compiler.collectives import make_demand
-from compiler.errors import CompileError
-from compiler.program import GpuProgram, Program, Step, ThreadBlock
-from compiler.verify import RUNTIMES, Finding, Verdict, verify
+from compiler.model.demand import make_demand
+from compiler.specs.errors import CompileError
+from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
+from compiler.program.verify import RUNTIMES, Finding, Verdict, verify
 
 
 # ---- builders ------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ..collectives import Demand
-from ..errors import CompileError
-from ..schedule import Schedule
-from ..topology import Topology
-from .options import PlanOptions
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule
+from compiler.model.topology import Topology
+from compiler.planners.options import PlanOptions
 
 MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minute on two cores
 LP_MAX_FLOWS = 400_000
@@ -20,9 +20,9 @@ def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_s
     """Rough count of flow variables at the lower-bound horizon (before pruning), after the
     symmetry reduction the planners would apply. per_source: the LP's commodities (one per source
     for demands without copies); otherwise the MILP's (one per chunk)."""
-    from ..bounds import bound_for
-    from ..timing import epochs_for, expand
-    from .symmetry import chunk_images, find_symmetry
+    from compiler.analysis.bounds import bound_for
+    from compiler.model.timing import epochs_for, expand
+    from compiler.planners.symmetry import chunk_images, find_symmetry
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
     commodities = len(demand.chunks)
@@ -38,7 +38,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     """(methods to try, reasons for the ones left out)."""
     plan_demand = demand
     if demand.reduce:
-        from .compose import allreduce_phases, dual_demand
+        from compiler.planners.reductions import allreduce_phases, dual_demand
         plan_demand = allreduce_phases(demand)[1] if any(len(c.dests) > 1 for c in demand.chunks) else dual_demand(demand)
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
@@ -74,8 +74,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     """Every (chunking, method) candidate within the time limit, judged by the simulator. With
     options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
     often pay; the simulator decides), the optimisers' share of time divided among them."""
-    from . import MODULES, plan as plan_with
-    from ..simulate import simulate
+    from compiler.planners.registry import MODULES
+    from compiler.planners import plan as plan_with
+    from compiler.analysis.simulate import simulate
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit * BUDGET
     if options.deadline is not None:

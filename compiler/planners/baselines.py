@@ -22,13 +22,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from ..collectives import Chunk, Demand
-from ..errors import CompileError
-from ..schedule import Schedule, Transfer
-from ..timing import TimeExpansion, expand
-from ..topology import Topology
-from . import register
-from .options import PlanOptions
+from compiler.model.demand import Chunk, Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule, Transfer
+from compiler.model.timing import TimeExpansion, expand
+from compiler.model.topology import Topology
+from compiler.planners.registry import register
+from compiler.planners.options import PlanOptions
 
 Hop = tuple[int, int, int, bool]  # (chunk, src, dst, reduce)
 

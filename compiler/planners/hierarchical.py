@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 
-from ..collectives import Demand
-from ..errors import CompileError
-from ..schedule import Schedule
-from ..timing import expand
-from ..topology import Topology
-from . import register
-from .baselines import ListScheduler, one_transfer_path
-from .options import PlanOptions
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule
+from compiler.model.timing import expand
+from compiler.model.topology import Topology
+from compiler.planners.registry import register
+from compiler.planners.baselines import ListScheduler, one_transfer_path
+from compiler.planners.options import PlanOptions
 
 
 @register("hier")

@@ -21,17 +21,17 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from ..bounds import bound_for
-from ..collectives import Demand
-from ..errors import CompileError, InfeasibleError
-from ..schedule import Schedule
-from ..timing import TimeExpansion, delay_epochs, epochs_for, expand
-from ..topology import Topology
-from . import register
-from .options import PlanOptions
-from .solver import solve
-from .symmetry import Symmetry, chunk_images, find_symmetry
-from .timexp import Flows, link_ends, rows_matrix, useful_flows
+from compiler.analysis.bounds import bound_for
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError, InfeasibleError
+from compiler.model.schedule import Schedule
+from compiler.model.timing import TimeExpansion, delay_epochs, epochs_for, expand
+from compiler.model.topology import Topology
+from compiler.planners.registry import register
+from compiler.planners.options import PlanOptions
+from compiler.planners.highs import solve
+from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry
+from compiler.planners.flows import Flows, link_ends, rows_matrix, useful_flows
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -227,7 +227,7 @@ def largest_remainder(volumes: list[float], total: int) -> list[int]:
 
 
 def round_schedule(topo: Topology, demand: Demand, route_map, parts: int, started: float, notes) -> Schedule:
-    from .baselines import _ListScheduler as ListScheduler
+    from compiler.planners.baselines import _ListScheduler as ListScheduler
     fine = demand.split(parts)
     by_pair: dict[tuple[int, int], list[int]] = {}
     for c in fine.chunks:
@@ -258,7 +258,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     except InfeasibleError as e:
         if not options.fallback:
             raise
-        from .baselines import plan_direct
+        from compiler.planners.baselines import plan_direct
         base = plan_direct(topo, demand, options)
         return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{e}; kept the direct baseline")
 

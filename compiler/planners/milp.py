@@ -15,17 +15,17 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from ..bounds import bound_for
-from ..collectives import Demand
-from ..errors import CompileError, InfeasibleError
-from ..schedule import Schedule, Transfer
-from ..timing import TimeExpansion, epochs_for, expand
-from ..topology import Topology
-from . import register
-from .options import PlanOptions
-from .solver import SolveResult, solve
-from .symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
-from .timexp import Flows, capacity_violations, distances, link_ends, occupancy, rows_matrix, useful_flows
+from compiler.analysis.bounds import bound_for
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError, InfeasibleError
+from compiler.model.schedule import Schedule, Transfer
+from compiler.model.timing import TimeExpansion, epochs_for, expand
+from compiler.model.topology import Topology
+from compiler.planners.registry import register
+from compiler.planners.options import PlanOptions
+from compiler.planners.highs import SolveResult, solve
+from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
+from compiler.planners.flows import Flows, capacity_violations, distances, link_ends, occupancy, rows_matrix, useful_flows
 
 MAX_FLOWS = 400_000  # beyond this, building the CVXPY model alone takes minutes
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
@@ -340,7 +340,7 @@ def prune_useless(transfers: list[Transfer], demand: Demand) -> list[Transfer]:
 
 
 def _baseline(topo, demand, options) -> Schedule | None:
-    from . import get
+    from compiler.planners.registry import get
     best = None
     for name in ("direct", "ring", "hier"):
         try:

@@ -28,18 +28,18 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from ..bounds import bound_for
-from ..collectives import Demand
-from ..errors import CompileError, InfeasibleError
-from ..schedule import Schedule, Transfer
-from ..timing import TimeExpansion, epochs_for, expand
-from ..topology import Topology
-from . import register
-from .milp import Model, Start, build, extract, map_symmetric, prune_useless, warm_values, with_symmetry
-from .options import PlanOptions
-from .solver import solve
-from .symmetry import Symmetry, rep_chunks
-from .timexp import INF, capacity_violations, distances, link_orbits, occupancy, order_within_epochs
+from compiler.analysis.bounds import bound_for
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError, InfeasibleError
+from compiler.model.schedule import Schedule, Transfer
+from compiler.model.timing import TimeExpansion, epochs_for, expand
+from compiler.model.topology import Topology
+from compiler.planners.registry import register
+from compiler.planners.milp import Model, Start, build, extract, map_symmetric, prune_useless, warm_values, with_symmetry
+from compiler.planners.options import PlanOptions
+from compiler.planners.highs import solve
+from compiler.planners.symmetry import Symmetry, rep_chunks
+from compiler.planners.flows import INF, capacity_violations, distances, link_orbits, occupancy, order_within_epochs
 
 MIN_WINDOW = 15  # epochs per window at least (TE-CCL's round length)
 COST_TO_GO = 0.9  # weight of the estimated (optimistic) early-delivery reward of an open need

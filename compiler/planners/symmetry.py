@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..collectives import Demand
-from ..schedule import Transfer
-from ..topology import Topology
+from compiler.model.demand import Demand
+from compiler.model.schedule import Transfer
+from compiler.model.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import CompileError
+from compiler.specs.errors import CompileError
 
 PAIR_BYTES = 200
 CHUNK_BYTES = 300

@@ -2,7 +2,7 @@
 
 import re
 
-from .errors import CompileError
+from compiler.specs.errors import CompileError
 
 _FACTORS = {
     "": 1, "B": 1,

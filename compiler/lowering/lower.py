@@ -39,11 +39,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .collectives import Demand, inplace_alias
-from .program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
-from .schedule import Schedule
-from .topology import Topology
-from .lowering_tb import LoweringError, Move, RankCode, Slot, lower_rank
+from compiler.model.demand import Demand, inplace_alias
+from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
+from compiler.model.schedule import Schedule
+from compiler.model.topology import Topology
+from compiler.lowering.codegen import LoweringError, Move, RankCode, Slot, lower_rank
 
 __all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 

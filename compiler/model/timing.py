@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .collectives import Demand
-from .topology import Topology
+from compiler.model.demand import Demand
+from compiler.model.topology import Topology
 
 ALPHA_THRESHOLD = 0.1  # alpha below this fraction of an epoch costs no epoch (TE-CCL's theta)
 MAX_ALPHA_EPOCHS = 6  # tau grows until the cheapest transfer's alpha spans at most this many epochs

@@ -24,9 +24,9 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow, shortest_path
 
-from .collectives import Demand, make_demand
-from .errors import DemandError
-from .topology import Topology
+from compiler.model.demand import Demand, make_demand
+from compiler.specs.errors import DemandError
+from compiler.model.topology import Topology
 
 EXACT_MAX_VERTICES = 18  # 2^18 vertex sets: well under a second with numpy
 CAP_UNIT = 1e6  # max-flow runs on integer MB/s
@@ -166,7 +166,7 @@ def _node_topology(topo: Topology) -> Topology:
     n = topo.gpus_per_node
     keep = list(range(n)) + [topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "switch" and s.node == 0]
     new = {old: k for k, old in enumerate(keep)}
-    from .topology import Link
+    from compiler.model.topology import Link
     links = tuple(Link(new[l.src], new[l.dst], l.bandwidth, l.alpha, l.count)
                   for l in topo.links if l.src in new and l.dst in new)
     return Topology(topo.name + "-node", n, n, tuple(topo.switches[k - topo.ngpus] for k in keep[n:]), links)

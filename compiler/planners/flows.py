@@ -15,8 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 
-from ..timing import TimeExpansion
-from ..topology import Topology
+from compiler.model.timing import TimeExpansion
+from compiler.model.topology import Topology
 
 INF = np.iinfo(np.int32).max // 4
 

@@ -20,7 +20,7 @@ import numpy as np
 from cvxpy.reductions.solvers.conic_solvers.conic_solver import dims_to_solver_dict
 from cvxpy.settings import A, B, BOOL_IDX, C, DIMS, EQ_DIM, INT_IDX, LEQ_DIM, LOWER_BOUNDS, PARAM_PROB, UPPER_BOUNDS
 
-from ..errors import CompileError
+from compiler.specs.errors import CompileError
 
 POLL_S = 0.05  # how often the waiting thread looks at signals and the deadline
 

@@ -22,11 +22,11 @@ import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .bounds import Bound, bound_for, busbw, lower_bound
-from .collectives import Demand
-from .errors import CompileError
-from .schedule import Schedule, Transfer
-from .topology import Topology
+from compiler.analysis.bounds import Bound, bound_for, busbw, lower_bound
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule, Transfer
+from compiler.model.topology import Topology
 
 
 class ScheduleError(CompileError):

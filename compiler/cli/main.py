@@ -34,16 +34,16 @@ import threading  # noqa: E402
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from . import __version__  # noqa: E402
-from .collectives import COLLECTIVES, ROOTED, _ALIASES
-from .errors import CompileError
-from .fileio import outputs
-from .program import PROTOCOLS
-from .verify import RUNTIMES as _VERIFY_RUNTIMES
-from .units import DTYPE_BYTES, format_size, format_time, parse_size
+from compiler import __version__  # noqa: E402
+from compiler.model.demand import COLLECTIVES, ROOTED, _ALIASES
+from compiler.specs.errors import CompileError
+from compiler.fileio import outputs
+from compiler.model.program import PROTOCOLS
+from compiler.program.verify import RUNTIMES as _VERIFY_RUNTIMES
+from compiler.specs.units import DTYPE_BYTES, format_size, format_time, parse_size
 
 if TYPE_CHECKING:
-    from .topology import Topology
+    from compiler.model.topology import Topology
 
 RUNTIMES = ("all",) + _VERIFY_RUNTIMES
 
@@ -94,7 +94,7 @@ non_negative_float = number(float, 0.0)
 
 
 def size_range_arg(text: str) -> tuple[int, int]:
-    from .units import parse_size_range
+    from compiler.specs.units import parse_size_range
     try:
         return parse_size_range(text, field="")
     except CompileError as e:
@@ -111,17 +111,17 @@ def size_arg(text: str) -> int:
 # Imported when a command needs them: `--help` and argument errors stay fast (no numpy, scipy,
 # networkx or jsonschema at start-up).
 def load_topology(spec: str, nodes: int = 1) -> "Topology":
-    from .profiles import load_topology as load
+    from compiler.model.profiles import load_topology as load
     return load(spec, nodes)
 
 
 def lower_bound(topo, collective, size, root=None):
-    from .bounds import lower_bound as bound
+    from compiler.analysis.bounds import lower_bound as bound
     return bound(topo, collective, size, root)
 
 
 def busbw(collective: str, ngpus: int, algbw: float) -> float:
-    from .bounds import busbw as bus
+    from compiler.analysis.bounds import busbw as bus
     return bus(collective, ngpus, algbw)
 
 
@@ -182,7 +182,7 @@ def _profile_info(topo: Topology, size: int) -> dict:
 
 def cmd_profiles(args) -> int:
     if args.action in (None, "list"):
-        from .profiles import list_profiles
+        from compiler.model.profiles import list_profiles
         infos = list_profiles()
         if args.json:
             emit_json([{"name": p.name, "ngpus": p.ngpus, "aliases": list(p.aliases), "description": p.description,
@@ -259,7 +259,7 @@ class Progress:
 
 
 def build_demand(args, topo: Topology, warnings: list[str]):
-    from .collectives import demand_counts, load_custom_demand, make_demand
+    from compiler.model.demand import demand_counts, load_custom_demand, make_demand
     if args.collective == "custom":
         if not args.demand:
             raise ArgumentError("custom: --demand FILE is required")
@@ -289,7 +289,7 @@ def whole_elements(demand, dtype: str, size: int) -> int:
 
 
 def plan_options(args):
-    from .planners import PlanOptions
+    from compiler.planners import PlanOptions
     return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
                        multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
                        element_bytes=DTYPE_BYTES[args.dtype],
@@ -303,7 +303,7 @@ def default_xml_name(demand, topo: Topology) -> str:
 
 def refuse_unsupported(collective: str, runtime: str) -> None:
     """One line, before planning, when the runtime asked for has no `coll` for the collective."""
-    from .verify import LIMITS, target_runtimes
+    from compiler.program.verify import LIMITS, target_runtimes
     if runtime == "all" or collective in LIMITS[runtime].colls:
         return
     has = ", ".join(target_runtimes(collective))
@@ -315,8 +315,8 @@ def refuse_unsupported(collective: str, runtime: str) -> None:
 def lower_verified(schedule, topo: Topology, options, runtime: str):
     """Lower and verify for the runtimes the collective targets (verify.target_runtimes);
     (program, runtimes verified)."""
-    from .lowering import lower
-    from .verify import target_runtimes, verify
+    from compiler.lowering.lower import lower
+    from compiler.program.verify import target_runtimes, verify
     verified_for = target_runtimes(schedule.demand.collective, runtime)
     program = lower(schedule, topo, options)
     verdict = verify(program, runtime, demand=schedule.demand.split(options.instances), sms=topo.sms)
@@ -342,13 +342,13 @@ def write_program(program, path: str, runtime: str, verified_for) -> list[str]:
 
 def lower_and_write(args, schedule, topo: Topology) -> dict:
     """Lower, verify, write the XML; returns the JSON fields."""
-    from .lowering import LowerOptions
-    from .simulate_program import call_bytes, time_program
+    from compiler.lowering.lower import LowerOptions
+    from compiler.program.timing import call_bytes, time_program
     if any(t.group >= 0 for t in schedule.transfers):
         return {"xml": None, "verified": None,
                 "xml_skipped": "switch multicast (NVLS) has no MSCCL XML form; plan without --multicast to get XML"}
     lo, hi = args.size_range if args.size_range else (0, 0)
-    from .verify import target_runtimes
+    from compiler.program.verify import target_runtimes
     aimed = target_runtimes(schedule.demand.collective, args.runtime)  # custom: the old runtime's limits
     options = LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo,
                            max_bytes=hi - 1 if hi else 0, runtime=aimed[0] if len(aimed) == 1 else args.runtime)
@@ -380,14 +380,14 @@ def demand_chunks(demand) -> tuple[int, float]:
 
 
 def require_memory(collective: str, ngpus: int, chunks: int, endpoints: int, deliveries: int) -> None:
-    from . import memory
+    from compiler.model import memory
     memory.require(memory.demand_bytes(chunks, endpoints, deliveries),
                    f"{collective} on {ngpus:,} GPUs ({deliveries:,} deliveries)")
 
 
 def output_checks(args, warnings: list[str]) -> None:
     """What can be known before planning: the files can be written, the size fits the range."""
-    from .fileio import check_writable
+    from compiler.fileio import check_writable
     if not args.no_xml and args.output:
         check_writable(args.output, "-o")
     if args.schedule_out:
@@ -399,8 +399,8 @@ def output_checks(args, warnings: list[str]) -> None:
 
 
 def cmd_collective(args) -> int:
-    from .planners import plan
-    from .simulate import simulate
+    from compiler.planners import plan
+    from compiler.analysis.simulate import simulate
     warnings: list[str] = []
     output_checks(args, warnings)
     if not args.no_xml:
@@ -470,8 +470,8 @@ def size_line(demand) -> str:
 
 def cmd_verify(args) -> int:
     from backends.msccl_xml import read_xml
-    from .collectives import load_custom_demand
-    from .verify import verify
+    from compiler.model.demand import load_custom_demand
+    from compiler.program.verify import verify
     program = read_xml(args.file)
     demand = None
     if args.demand:  # cut into the pieces the file's own demand has, if it has one
@@ -504,7 +504,7 @@ def cmd_verify(args) -> int:
 
 def cmd_simulate(args) -> int:
     from backends.msccl_xml import read_xml
-    from .simulate_program import call_bytes, time_program
+    from compiler.program.timing import call_bytes, time_program
     program = read_xml(args.file)
     topo = load_topology(args.hw, args.nodes)
     timing = time_program(program, topo, call_bytes(program, args.size))
@@ -532,7 +532,7 @@ def cmd_simulate(args) -> int:
 
 
 def add_collective(p, name: str) -> None:
-    from .planners import METHODS
+    from compiler.planners import METHODS
     add_hw(p)
     p.add_argument("--size", type=size_arg, default=10**9,
                    help="buffer size as nccl-tests counts it (allgather: whole output; alltoall: whole send buffer); "
@@ -614,11 +614,11 @@ def band_protocol(topo: Topology, hi: int) -> str:
 def cmd_library(args) -> int:
     import math
     from pathlib import Path
-    from .collectives import canonical, make_demand
-    from .fileio import atomic_write, check_writable, make_directory, remove_later
-    from .lowering import LowerOptions
-    from .planners import PlanOptions, plan
-    from .simulate import simulate
+    from compiler.model.demand import canonical, make_demand
+    from compiler.fileio import atomic_write, check_writable, make_directory, remove_later
+    from compiler.lowering.lower import LowerOptions
+    from compiler.planners import PlanOptions, plan
+    from compiler.analysis.simulate import simulate
     topo = load_topology(args.hw, args.nodes)
     colls = [canonical(c) for c in args.collectives.split(",") if c.strip()]
     if not colls:

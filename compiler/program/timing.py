@@ -15,9 +15,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .errors import CompileError
-from .program import RECVS, SENDS, Program
-from .topology import Topology
+from compiler.specs.errors import CompileError
+from compiler.model.program import RECVS, SENDS, Program
+from compiler.model.topology import Topology
 
 
 @dataclass(frozen=True)

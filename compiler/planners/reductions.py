@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..collectives import Chunk, Demand
-from ..errors import CompileError
-from ..schedule import Schedule, Transfer
-from ..topology import Topology
+from compiler.model.demand import Chunk, Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule, Transfer
+from compiler.model.topology import Topology
 
 
 def dual_demand(demand: Demand) -> Demand:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from .collectives import Chunk, Demand, inplace_alias, make_demand
-from .program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
-from .verify import Finding, connections, expected_chunks, finding
+from compiler.model.demand import Chunk, Demand, inplace_alias, make_demand
+from compiler.model.program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
+from compiler.program.verify import Finding, connections, expected_chunks, finding
 
 
 def _ranks(rs: list[int]) -> str:
@@ -385,7 +385,7 @@ def _root_candidates(p: Program) -> list[int]:
 def _layout(p: Program, inplace: bool):
     """Flat addresses of every (rank, buffer, chunk) and the input chunks per rank. Out of place
     the three buffers are separate, sized as declared. In place, the aliasing of
-    compiler.collectives.inplace_alias: the base buffer has at least the size msccl-xml.md §4
+    compiler.model.demand.inplace_alias: the base buffer has at least the size msccl-xml.md §4
     gives it, and the view's chunks are addresses inside it (a view declared with 0 chunks, as
     msccl-tools writes it, still has its §4 size)."""
     exp = expected_chunks(p)

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .errors import DemandError
+from compiler.specs.errors import DemandError
 
 COLLECTIVES = ("allgather", "alltoall", "reduce_scatter", "allreduce", "broadcast", "reduce", "scatter", "gather")
 ROOTED = ("broadcast", "reduce", "scatter", "gather")

@@ -17,9 +17,9 @@ from pathlib import Path
 import jsonschema
 import networkx as nx
 
-from . import memory
-from .errors import ProfileError
-from .topology import Link, Nic, Switch, Topology
+from compiler.model import memory
+from compiler.specs.errors import ProfileError
+from compiler.model.topology import Link, Nic, Switch, Topology
 
 GB = 1e9
 US = 1e-6

@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .collectives import Demand
-from .errors import CompileError
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Schedule:
         return cls.from_dict(json.loads(text))
 
     def save(self, path: str) -> None:
-        from .fileio import atomic_write
+        from compiler.fileio import atomic_write
         atomic_write(path, self.to_json() + "\n")
 
     @classmethod

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .collectives import Demand
-from .errors import CompileError
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
 
 Slot = tuple[str, int]  # (buffer, chunk offset)
 CONSUMED = ("-", -1)  # a partial sent by rrs and stored nowhere

@@ -1,0 +1,5 @@
+import sys
+
+from compiler.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""Planners: plan(topology, demand, options) -> Schedule, one module each, chosen by name.
+
+`plan` dispatches: reductions are planned natively by planners that know them (the baselines) and
+as the time reverse of their copy dual by the others; allreduce as reduce-scatter then allgather.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+from compiler.model.demand import Demand
+from compiler.specs.errors import CompileError
+from compiler.model.schedule import Schedule
+from compiler.model.topology import Topology
+from compiler.planners.options import PlanOptions
+
+Planner = Callable[[Topology, Demand, PlanOptions], Schedule]
+PLANNERS: dict[str, Planner] = {}
+NATIVE_REDUCTIONS = {"ring", "direct"}  # planners that plan reduce transfers themselves
+METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "hier")
+
+
+def register(name: str):
+    def wrap(fn: Planner) -> Planner:
+        PLANNERS.setdefault(name, fn)  # a planner put in place before its module loads (a test's) stays
+        return fn
+    return wrap
+
+
+MODULES = {"milp": "milp", "lp": "lp", "rounds": "rounds", "ring": "baselines", "direct": "baselines",
+           "hier": "hierarchical"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
+
+
+def get(name: str) -> Planner:
+    if name == "auto":
+        from compiler.planners.auto import plan as auto_plan
+        return auto_plan
+    if name not in MODULES:
+        raise CompileError(f"--method: {name!r} is not a planner (known: {', '.join(METHODS)})")
+    if name not in PLANNERS:
+        import importlib
+        importlib.import_module(f"compiler.planners.{MODULES[name]}")  # importing a planner module registers it
+    return PLANNERS[name]
+
+
+def moves_nothing(demand: Demand) -> bool:
+    """No chunk has to travel: every destination holds its chunk already (for a reduction, it is
+    the chunk's only contributor). A phase of a reduction can be like that (a chunk with one
+    contributor needs no reduce-scatter), and no planner has a horizon of 0 epochs."""
+    return all(set(c.dests) <= set(c.sources) and (not demand.reduce or len(c.sources) == 1) for c in demand.chunks)
+
+
+def nothing_to_move(topo: Topology, demand: Demand, method: str) -> Schedule:
+    from compiler.model.timing import choose_tau
+    return Schedule(demand, topo.name, (), choose_tau(topo, demand.chunk_bytes), 0, method, "optimal",
+                    notes=(f"{demand.collective}: no chunk has to move",))
+
+
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    """Plan `demand` with options.method, handling reductions for planners that only move copies.
+    The plan returns by options.deadline, or time_limit seconds from now where none is set."""
+    if options.deadline is None:
+        options = replace(options, deadline=time.perf_counter() + options.time_limit)
+    planner = get(options.method)
+    if moves_nothing(demand):
+        return nothing_to_move(topo, demand, options.method)
+    if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
+        return planner(topo, demand, options)
+    from compiler.planners.reductions import allreduce_phases, concatenate, dual_demand, reverse_schedule
+    if any(len(c.dests) > 1 for c in demand.chunks):
+        rs, ag = allreduce_phases(demand)
+        half = (options.deadline - time.perf_counter()) / 2  # the reduce-scatter phase may not take it all
+        first = plan(topo, rs, replace(options, deadline=time.perf_counter() + half,
+                                        time_limit=min(options.time_limit, half)))
+        return concatenate(first, plan(topo, ag, options), demand)
+    dual = plan(topo.reversed(), dual_demand(demand), options)
+    return reverse_schedule(dual, demand, topo)
+
+
+__all__ = ["PlanOptions", "Planner", "PLANNERS", "METHODS", "register", "get", "plan"]
