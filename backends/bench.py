@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from compiler.analysis.bounds import busbw
-from compiler.model.demand import canonical, inplace_alias
+from compiler.specs.collectives import canonical, inplace_alias
 from compiler.specs.errors import CompileError
 from compiler.fileio import atomic_write
 from compiler.specs.units import parse_size

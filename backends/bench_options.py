@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-RUNTIMES = ("executor", "old", "rccl")  # the same as backends.torch_dist.RUNTIMES (a test checks)
+from compiler.specs.collectives import COLLECTIVES
+from compiler.specs.runtimes import DEFAULT as DEFAULT_RUNTIME, NAMES as RUNTIMES
+
 SIDES = ("default", "msccl")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     """The bench options (shared by `msccl-compile bench` and `python -m backends.bench`)."""
-    p.add_argument("collective", help="allgather, alltoall, reduce_scatter, allreduce, broadcast, reduce, ...")
+    p.add_argument("collective", help=", ".join(COLLECTIVES))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--xml", metavar="FILE", help="the MSCCL algorithm to compare")
     src.add_argument("--library", metavar="DIR", help="a library directory: per size the file whose band covers it")
@@ -25,7 +27,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--op", default="sum", help="reduction: sum, prod, max, min")
     p.add_argument("--inplace", action="store_true", help="in-place calls for allgather/reduce_scatter/alltoall")
-    p.add_argument("--runtime", default="executor", choices=RUNTIMES, help="MSCCL runtime on GPUs")
+    p.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES, help="MSCCL runtime on GPUs")
     p.add_argument("--side", default="both", choices=("both",) + SIDES,
                    help="which side to measure (on GPUs under torchrun: one per launch)")
     p.add_argument("--default-from", metavar="FILE", help="take the default columns from an earlier JSON")

@@ -45,21 +45,19 @@ from lxml import etree
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
 from compiler.fileio import atomic_write, read_input
-from compiler.model.program import BUFFERS, COLL_NAMES, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
-from compiler.program.verify import target_runtimes
+from compiler.model.program import BUFFERS, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
+from compiler.specs.collectives import CUSTOM
+from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, MAX_CNT, coll_attribute, coll_attributes, collective_of,
+                                    target_runtimes)
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
 
-XML_RUNTIMES = ("executor", "rccl", "old", "all")
+XML_RUNTIMES = CHOICES
 DEMAND_TAG = "msccl-compile demand"  # starts the comment that carries a custom program's demand
 UNLIMITED_MAX_BYTES = 2 ** 40
-MAX_CHANNEL_ID = 32  # the parsers reject chan < 0 or > 32
-MAX_CNT = 71
+MAX_CHANNEL_ID = MAX_CHANNELS  # the parsers reject chan < 0 or > 32
 _NAME = re.compile(r"[^\s\"'<>&]{1,255}")
 _INT = re.compile(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)\Z")
-_EXTRA_COLLS = ("send", "recv", "alltoallv")  # executor-only `coll` values, kept verbatim
-_READ_COLLS = {**{v: k for k, v in COLL_NAMES.items()}, "reduce_scatter": "reduce_scatter",
-               **{c: c for c in _EXTRA_COLLS}}
 _STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 
 
@@ -81,14 +79,11 @@ def _template() -> jinja2.Template:
 def coll_name(collective: str, runtime: str) -> str:
     """The `coll` attribute for a runtime (reduce-scatter has no common spelling)."""
     if runtime not in XML_RUNTIMES:
-        raise XmlError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(XML_RUNTIMES)})")
-    if collective == "reduce_scatter" and runtime == "old":
-        return "reduce_scatter"
-    if collective in COLL_NAMES:
-        return COLL_NAMES[collective]
-    if collective in _EXTRA_COLLS:
-        return collective
-    raise XmlError(f"program: collective {collective!r} has no MSCCL name (known: {', '.join(COLL_NAMES)})")
+        raise XmlError(f"runtime: {runtime!r} is not a runtime (known: {', '.join(XML_RUNTIMES)})")
+    try:
+        return coll_attribute(collective, runtime)
+    except CompileError as e:
+        raise XmlError(str(e)) from None
 
 
 def _check_writable(p: Program) -> None:
@@ -109,7 +104,7 @@ def demand_comment(p: Program) -> str:
     """The text of the comment that carries a custom program's demand, '' for every other program
     (their XML has no comment). One line: DEMAND_TAG, then the demand as compact JSON
     (Demand.to_dict, plus "runtimes": those with coll="custom")."""
-    if p.demand is None or p.collective != "custom":
+    if p.demand is None or p.collective != CUSTOM:
         return ""
     doc = {**p.demand.to_dict(), "runtimes": list(target_runtimes(p.collective))}
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
@@ -118,7 +113,7 @@ def demand_comment(p: Program) -> str:
     return f"{DEMAND_TAG} {text}"
 
 
-def to_xml(program: Program, runtime: str = "executor") -> str:
+def to_xml(program: Program, runtime: str = ALL) -> str:
     """The portable-subset XML text of a Program (ends with a newline)."""
     coll = coll_name(program.collective, runtime)
     _check_writable(program)
@@ -126,7 +121,7 @@ def to_xml(program: Program, runtime: str = "executor") -> str:
                               demand_comment=demand_comment(program))
 
 
-def save_xml(program: Program, path: str | os.PathLike, runtime: str = "executor") -> None:
+def save_xml(program: Program, path: str | os.PathLike, runtime: str = ALL) -> None:
     atomic_write(path, to_xml(program, runtime))
 
 
@@ -246,8 +241,8 @@ class _Reader:
         if proto not in PROTOCOLS:
             raise self.fail(w, "proto", f"{proto!r} is not a protocol ({', '.join(PROTOCOLS)})")
         coll = self.text(root, w, "coll")
-        if coll not in _READ_COLLS:
-            raise self.fail(w, "coll", f"{coll!r} is not a collective ({', '.join(sorted(_READ_COLLS))})")
+        if collective_of(coll) is None:
+            raise self.fail(w, "coll", f"{coll!r} is not a collective ({', '.join(coll_attributes())})")
         ngpus = self.int(root, w, "ngpus", 1)
         nchannels = self.int(root, w, "nchannels", 1, MAX_CHANNEL_ID + 1)
         nchunks = self.int(root, w, "nchunksperloop", 1)
@@ -271,8 +266,8 @@ class _Reader:
         for r in range(ngpus):
             if r not in gpus:
                 raise self.fail(w, "ngpus", f"'{ngpus}' but there is no <gpu id=\"{r}\">")
-        demand = self.demand(root, _READ_COLLS[coll], ngpus)
-        return Program(name=name, collective=_READ_COLLS[coll], ngpus=ngpus, nchunksperloop=nchunks,
+        demand = self.demand(root, collective_of(coll), ngpus)
+        return Program(name=name, collective=collective_of(coll), ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
                        demand=demand, notes=tuple(self.notes))
@@ -287,7 +282,7 @@ class _Reader:
         if len(comments) > 1:
             raise self.fail(where, attr, f"appears {len(comments)} times; a file carries one demand")
         text = comments[0].text.strip()[len(DEMAND_TAG):].strip()
-        if collective != "custom":
+        if collective != CUSTOM:
             self.notes.append(f"{self.label}: algo: ignored the {DEMAND_TAG} comment: coll is {collective}, "
                               "whose postcondition is the standard one")
             return None

@@ -89,7 +89,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from compiler.model.demand import canonical, inplace_alias
+from compiler.specs.collectives import canonical, inplace_alias
+from compiler.specs.runtimes import NAMES
 from compiler.specs.errors import CompileError
 from compiler.fileio import read_input
 from compiler.model.program import RECVS, SENDS, Program
@@ -102,7 +103,7 @@ __all__ = [
     "run_local_many", "launch_local", "make_input", "op_name",
 ]
 
-RUNTIMES = ("executor", "old", "rccl")
+RUNTIMES = NAMES
 LEGACY_MAX_ALGOS = 4
 
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.model.demand import COLLECTIVES, Chunk, Demand, make_demand
+from compiler.model.demand import Chunk, Demand, make_demand
+from compiler.specs.collectives import COLLECTIVES
 from compiler.specs.errors import CompileError
 from compiler.planners import PlanOptions
 from compiler.planners.registry import get

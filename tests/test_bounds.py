@@ -144,7 +144,7 @@ def test_cli_profiles_list_and_show_json():
     (("allgathr", "--hw", "dgx2"), "unknown command or collective 'allgathr'"),
     (("bound", "allgathr", "--hw", "dgx2"), "'allgathr' is not a collective"),
     (("bound", "allgather", "--hw", "dgx2", "--size", "0"), "--size"),
-    (("bound", "broadcast", "--hw", "dgx2", "--root", "16"), "--root: 16 is out of range"),
+    (("bound", "broadcast", "--hw", "dgx2", "--root", "16"), "--root 16: out of range"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, needle):
     proc = run_cli(*args)

@@ -1,6 +1,7 @@
 import pytest
 
-from compiler.model.demand import canonical, load_custom_demand, make_demand, merge, on_ranks
+from compiler.model.demand import load_custom_demand, make_demand, merge, on_ranks
+from compiler.specs.collectives import canonical
 from compiler.specs.errors import DemandError
 from compiler.planners import PlanOptions, plan
 from compiler.model.profiles import load_topology

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from backends.msccl_xml import read_xml
-from compiler.model.demand import Alias, inplace_alias, make_demand
+from compiler.model.demand import make_demand
+from compiler.specs.collectives import Alias, inplace_alias
 from compiler.lowering.lower import alias_map
 from compiler.program.verify import verify
 

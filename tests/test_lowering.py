@@ -10,7 +10,8 @@ import pytest
 from lxml import etree
 
 from backends.msccl_xml import read_xml, to_xml
-from compiler.model.demand import COLLECTIVES, Chunk, Demand, make_demand
+from compiler.model.demand import Chunk, Demand, make_demand
+from compiler.specs.collectives import COLLECTIVES
 from compiler.specs.errors import CompileError
 from compiler.lowering.lower import LowerOptions, LoweringError, lower, runtime_limits
 from compiler.planners import PlanOptions
@@ -340,7 +341,7 @@ def test_step_limit_that_channels_cannot_fix(topo):
     (LowerOptions(proto="ll"), "--proto"),
     (LowerOptions(instances=0), "--instances"),
     (LowerOptions(instances=33), "--instances"),
-    (LowerOptions(runtime="nccl"), "--runtime"),
+    (LowerOptions(runtime="nccl"), "runtime: .nccl. is not a runtime"),
     (LowerOptions(name='a"b'), "--name"),
     (LowerOptions(min_bytes=10, max_bytes=5), "--size-range"),
 ])

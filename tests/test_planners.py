@@ -155,7 +155,7 @@ def test_impossible_demands_are_clear_errors(tmp_path):
     proc = run_cli("allgather", "--hw", path)
     assert proc.returncode == 2 and "disconnected GPUs" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
-    for args, needle in ((("broadcast", "--hw", "dgx2", "--root", "16"), "--root: 16 is out of range"),
+    for args, needle in ((("broadcast", "--hw", "dgx2", "--root", "16"), "--root 16: out of range"),
                          (("allgather", "--hw", "dgx2", "--size", "0"), "must be positive"),
                          (("allgather", "--hw", "dgx2", "--root", "1"), "--root 1 (allgather has no root")):
         proc = run_cli(*args)

@@ -6,7 +6,8 @@ import pytest
 from compiler.model.demand import make_demand
 from compiler.specs.errors import CompileError
 from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
-from compiler.program.verify import RUNTIMES, Finding, Verdict, verify
+from compiler.program.verify import Finding, Verdict, verify
+from compiler.specs.runtimes import NAMES as RUNTIMES
 
 
 # ---- builders ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow, shortest_path
 
 from compiler.model.demand import Demand, make_demand
+from compiler.specs.collectives import bus_factor, spec
 from compiler.specs.errors import DemandError
 from compiler.model.topology import Topology
 
@@ -76,6 +77,17 @@ class Traffic:
         """Bytes that must leave each GPU set; `inside` is (sets, ngpus) bool. A copy chunk must
         leave only if every holder is inside (else an outside holder can serve the outside); a
         reduction must, if any contribution is inside."""
+        n = inside.shape[1]
+        if n <= 62:  # as bit masks over the distinct GPU sets, a block of sets at a time
+            bits = np.left_shift(np.int64(1), np.arange(n, dtype=np.int64))
+            sets, back = np.unique(inside.astype(np.int64) @ bits, return_inverse=True)
+            src, dst = (self.src.astype(np.int64) @ bits)[None, :], (self.dst.astype(np.int64) @ bits)[None, :]
+            out = np.empty(len(sets))
+            for lo in range(0, len(sets), 2048):
+                ins = sets[lo:lo + 2048, None]
+                from_inside = (ins & src) != 0 if self.reduce else (src & ~ins) == 0
+                out[lo:lo + 2048] = (from_inside & ((dst & ~ins) != 0)) @ self.nbytes
+            return out[back.ravel()]
         a = inside.astype(np.float64)
         if self.reduce:
             from_inside = (a @ self.src.T) > 0
@@ -311,24 +323,18 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
 def lower_bound(topo: Topology, collective: str, size_bytes: int, root: int | None = None) -> Bound:
     """Bound for a standard collective on `topo`; size as nccl-tests counts it."""
     demand = make_demand(collective, topo.ngpus, size_bytes, 1, root)
-    if demand.collective != "allreduce":
+    phases = spec(demand.collective).phases
+    if not phases:
         return bound_for(topo, demand)
-    rs = bound_for(topo, make_demand("reduce_scatter", topo.ngpus, size_bytes))
-    ag = bound_for(topo, make_demand("allgather", topo.ngpus, size_bytes))
-    bw = rs.bandwidth_s + ag.bandwidth_s
-    return Bound("allreduce", size_bytes, max(ag.latency_s, bw + ag.alpha_s), bw, ag.latency_s, ag.alpha_s,
-                 f"reduce-scatter ({rs.binding}) + allgather ({ag.binding})", ag.method)
-
-
-BUS_FACTOR = {
-    "allgather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-    "allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
-    "scatter": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n, "custom": lambda n: 1.0,
-}
+    # a collective planned in phases (allreduce: reduce-scatter then allgather) moves the data of each
+    parts = [bound_for(topo, make_demand(p, topo.ngpus, size_bytes)) for p in phases]
+    last = parts[-1]
+    bw = sum(b.bandwidth_s for b in parts)
+    return Bound(demand.collective, size_bytes, max(last.latency_s, bw + last.alpha_s), bw, last.latency_s,
+                 last.alpha_s, " + ".join(f"{p.replace('_', '-')} ({b.binding})" for p, b in zip(phases, parts)),
+                 last.method)
 
 
 def busbw(collective: str, ngpus: int, algbw: float) -> float:
     """nccl-tests' bus bandwidth (doc/PERFORMANCE.md)."""
-    return algbw * BUS_FACTOR[collective](ngpus)
-
-
+    return algbw * bus_factor(collective, ngpus)

@@ -29,23 +29,23 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == PROG:  # run as th
     signal.signal(signal.SIGTERM, _exit_interrupted)
 
 import argparse  # noqa: E402
+import re  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from compiler import __version__  # noqa: E402
-from compiler.model.demand import COLLECTIVES, ROOTED, _ALIASES
+from compiler.specs.collectives import COLLECTIVES, CUSTOM, SPECS, spellings
 from compiler.specs.errors import CompileError
 from compiler.fileio import outputs
 from compiler.model.program import PROTOCOLS
-from compiler.program.verify import RUNTIMES as _VERIFY_RUNTIMES
+from compiler.specs.runtimes import CHOICES as RUNTIMES
 from compiler.specs.units import DTYPE_BYTES, format_size, format_time, parse_size
 
 if TYPE_CHECKING:
     from compiler.model.topology import Topology
 
-RUNTIMES = ("all",) + _VERIFY_RUNTIMES
 
 
 class ArgumentError(CompileError):
@@ -303,8 +303,8 @@ def default_xml_name(demand, topo: Topology) -> str:
 
 def refuse_unsupported(collective: str, runtime: str) -> None:
     """One line, before planning, when the runtime asked for has no `coll` for the collective."""
-    from compiler.program.verify import LIMITS, target_runtimes
-    if runtime == "all" or collective in LIMITS[runtime].colls:
+    from compiler.specs.runtimes import ALL, runtime as runtime_spec, target_runtimes
+    if runtime == ALL or runtime_spec(runtime).accepts(collective):
         return
     has = ", ".join(target_runtimes(collective))
     why = ("only the old microsoft/msccl runtime has coll=\"custom\"" if collective == "custom"
@@ -316,7 +316,8 @@ def lower_verified(schedule, topo: Topology, options, runtime: str):
     """Lower and verify for the runtimes the collective targets (verify.target_runtimes);
     (program, runtimes verified)."""
     from compiler.lowering.lower import lower
-    from compiler.program.verify import target_runtimes, verify
+    from compiler.program.verify import verify
+    from compiler.specs.runtimes import target_runtimes
     verified_for = target_runtimes(schedule.demand.collective, runtime)
     program = lower(schedule, topo, options)
     verdict = verify(program, runtime, demand=schedule.demand.split(options.instances), sms=topo.sms)
@@ -348,7 +349,7 @@ def lower_and_write(args, schedule, topo: Topology) -> dict:
         return {"xml": None, "verified": None,
                 "xml_skipped": "switch multicast (NVLS) has no MSCCL XML form; plan without --multicast to get XML"}
     lo, hi = args.size_range if args.size_range else (0, 0)
-    from compiler.program.verify import target_runtimes
+    from compiler.specs.runtimes import target_runtimes
     aimed = target_runtimes(schedule.demand.collective, args.runtime)  # custom: the old runtime's limits
     options = LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo,
                            max_bytes=hi - 1 if hi else 0, runtime=aimed[0] if len(aimed) == 1 else args.runtime)
@@ -539,7 +540,7 @@ def add_collective(p, name: str) -> None:
                         "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
     p.add_argument("--chunks", type=positive_int, default=None,
                    help="chunks per rank (default: auto tries 1, 2, 4 and 8 and keeps the fastest; other methods 1)")
-    if name in ROOTED:
+    if name in SPECS and SPECS[name].rooted:
         p.add_argument("--root", type=int, default=None, help="root rank (default 0)")
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type: a chunk is whole elements (default float32)")
@@ -614,7 +615,8 @@ def band_protocol(topo: Topology, hi: int) -> str:
 def cmd_library(args) -> int:
     import math
     from pathlib import Path
-    from compiler.model.demand import canonical, make_demand
+    from compiler.model.demand import make_demand
+    from compiler.specs.collectives import canonical
     from compiler.fileio import atomic_write, check_writable, make_directory, remove_later
     from compiler.lowering.lower import LowerOptions
     from compiler.planners import PlanOptions, plan
@@ -784,11 +786,11 @@ def build_parser() -> Parser:
     for name, (configure, help_text) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))
     aliases: dict[str, list[str]] = {}
-    for alias, name in _ALIASES.items():
+    for alias, name in spellings().items():
         if alias != name:
             aliases.setdefault(name, []).append(alias)
-    for name in COLLECTIVES + ("custom",):
-        help_text = f"plan {name} and write it" if name != "custom" else "plan a custom demand (--demand FILE)"
+    for name in COLLECTIVES + (CUSTOM,):
+        help_text = f"plan {name} and write it" if name != CUSTOM else "plan a custom demand (--demand FILE)"
         add_collective(sub.add_parser(name, aliases=aliases.get(name, []), help=help_text, description=help_text), name)
     return parser
 
@@ -797,10 +799,32 @@ def _unknown_command(argv: list[str]) -> str | None:
     first = next((a for a in argv if not a.startswith("-")), None)
     if first is None or first in COMMANDS:
         return None
-    if first.lower() in _ALIASES or first == "custom":
+    if first.lower() in spellings() or first == CUSTOM:
         return None
     return (f"unknown command or collective {first!r} "
             f"(collectives: {', '.join(COLLECTIVES)}; commands: {', '.join(c for c in COMMANDS if c not in COLLECTIVES)})")
+
+
+# compiler/ names the option fields it complains about (`chunks=0: must be >= 1`, "raise
+# `time_limit`"); the command line says them as its flags
+FIELD_FLAGS = {"chunks": "--chunks", "size": "--size", "root": "--root", "time_limit": "--time-limit",
+               "max_horizon": "--max-horizon", "gap": "--gap", "instances": "--instances", "proto": "--proto",
+               "runtime": "--runtime", "method": "--method", "name": "--name", "min_bytes": "--size-range",
+               "max_bytes": "--size-range", "inplace": "--inplace", "multicast": "--multicast", "nodes": "--nodes",
+               "demand": "--demand", "dtype": "--dtype"}
+_LEADING = re.compile(r"^([a-z_]+)(?:=([^:]*))?: ")
+_QUOTED = re.compile(r"`([a-z_]+)(?:=([^`]*))?`")
+
+
+def as_flags(message: str) -> str:
+    """A compiler message with its field names said as this command line's flags."""
+    def flag(m: re.Match, tail: str) -> str:
+        name = FIELD_FLAGS.get(m.group(1))
+        if name is None:
+            return m.group(0)
+        return name + (f" {m.group(2)}" if m.group(2) is not None else "") + tail
+    message = _LEADING.sub(lambda m: flag(m, ": "), message, count=1)
+    return _QUOTED.sub(lambda m: flag(m, ""), message)
 
 
 def _terminate(signum, frame):
@@ -843,8 +867,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ArgumentError(unknown)
         for i, a in enumerate(argv):  # collective names are case-insensitive (Allgather, ReduceScatter)
             if not a.startswith("-"):
-                if a not in COMMANDS and a.lower() in _ALIASES:
-                    argv[i] = _ALIASES[a.lower()]
+                if a not in COMMANDS and a.lower() in spellings():
+                    argv[i] = spellings()[a.lower()]
                 break
         parser = build_parser()
         args, extra = parser.parse_known_args(join_negative_values(argv))
@@ -856,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         with outputs():  # files are written when the command finishes, or not at all
             return args.run(args) or 0
     except CompileError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {as_flags(str(e))}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:
         _exit_interrupted()

@@ -39,7 +39,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from compiler.model.demand import Demand, inplace_alias
+from compiler.model.demand import Demand
+from compiler.specs.collectives import inplace_alias
+from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
+                                    MAX_TBS_PER_CHANNEL, limits_for, target_runtimes)
 from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -47,8 +51,7 @@ from compiler.lowering.codegen import LoweringError, Move, RankCode, Slot, lower
 
 __all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 
-RUNTIMES = ("all", "executor", "rccl", "old")
-MAX_CHANNELS = 32
+RUNTIMES = CHOICES
 
 
 @dataclass(frozen=True)
@@ -59,24 +62,25 @@ class RuntimeLimits:
     tb_reason: str  # why max_tbs
     sms: int = 0
     max_channels: int = MAX_CHANNELS
-    max_per_channel: int = 32  # thread blocks with a send (with a recv) peer per channel
-    max_nodes: int = 4095  # 1 + ngpus + ntb + nsteps per rank
-    max_depid: int = 127
-    max_cnt: int = 71
-    max_offset: int = 32767  # offsets are int16
+    max_per_channel: int = MAX_TBS_PER_CHANNEL  # thread blocks with a send (with a recv) peer per channel
+    max_nodes: int = MAX_NODES  # 1 + ngpus + ntb + nsteps per rank
+    max_depid: int = MAX_DEPID
+    max_cnt: int = MAX_CNT
+    max_offset: int = MAX_OFFSET  # offsets are int16
 
 
 def runtime_limits(runtime: str, sms: int = 0) -> RuntimeLimits:
-    """msccl-xml.md §11; 'all' is the strictest of the three. sms > 0 caps thread blocks below the
-    SM count (all blocks must be co-resident)."""
-    table = {"executor": (64, 1023, "executor allows 1023"), "rccl": (64, 63, "rccl allows 63"),
-             "old": (256, 215, "old allows 215"), "all": (64, 63, "rccl allows 63")}
-    if runtime not in table:
-        raise LoweringError(f"--runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)})")
-    steps, tbs, reason = table[runtime]
+    """The runtime spec's limits as the lowering counts them (thread blocks allowed, not the bound
+    they must stay below); 'all' is the strictest of every runtime. sms > 0 caps thread blocks
+    below the SM count (all blocks must be co-resident)."""
+    try:
+        lim = limits_for(runtime)
+    except CompileError as e:
+        raise LoweringError(str(e)) from None
+    tbs, reason = lim.max_tbs - 1, lim.tb_reason
     if 0 < sms <= tbs:
         tbs, reason = sms - 1, f"the GPU has {sms} SMs and all thread blocks must be co-resident"
-    return RuntimeLimits(runtime, steps, tbs, reason, sms=sms)
+    return RuntimeLimits(runtime, lim.max_steps, tbs, reason, sms=sms)
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ class LowerOptions:
     instances: int = 1  # copies of the program on separate channels, each on 1/k of every chunk
     min_bytes: int = 0  # written as minBytes (inclusive)
     max_bytes: int = 0  # written as maxBytes (inclusive); 0 = no limit (the XML writer makes it finite)
-    runtime: str = "all"  # whose limits to respect: executor, rccl, old, or all (the strictest)
+    runtime: str = ALL  # whose limits to respect: a runtime's name, or all (the strictest)
     name: str | None = None  # default f"{collective}-{topology}-{planner}"
     inplace: bool | None = None  # None: claim in-place use wherever the program is correct in place
     pace: bool = True  # each GPU feeds an outgoing link in schedule order (the order the planner timed)
@@ -262,18 +266,18 @@ def worst_thread_block(codes: list[RankCode]) -> tuple[int, int, int]:
 def _allows(lim: RuntimeLimits, what: str) -> str:
     value = {"steps": lim.max_steps, "channels": lim.max_channels, "nodes": lim.max_nodes,
              "offset": lim.max_offset, "per_channel": lim.max_per_channel}[what]
-    if lim.runtime == "all":
+    if lim.runtime == ALL:
         return f"--runtime all (the strictest runtime) allows {value}"
     return f"{lim.runtime} allows {value}"
 
 
 def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, note: str = "") -> None:
     """Raise LoweringError naming the first limit a rank breaks (msccl-xml.md §11, §16)."""
-    executor = runtime_limits("executor", lim.sms)
+    roomiest = runtime_limits(max(NAMES, key=lambda r: runtime(r).max_tbs), lim.sms)
     for g in gpus:
         r = g.rank
         if len(g.tbs) > lim.max_tbs:
-            other = " --runtime executor or" if len(g.tbs) <= executor.max_tbs else ""
+            other = f" --runtime {roomiest.runtime} or" if len(g.tbs) <= roomiest.max_tbs else ""
             raise LoweringError(f"lowering: rank {r} needs {len(g.tbs)} thread blocks{note}; {lim.tb_reason}; "
                                 f"use{other} fewer --instances/--chunks")
         for tb in g.tbs:
@@ -380,10 +384,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                                   f"{demand.collective}-{topology.name}-{schedule.planner}")[:255]
     if inplace_ok:
         notes.append("lowering: every input chunk is read before anything overwrites it: usable in place")
-    accepts = {"old": "custom", "executor": "gather scatter", "rccl": "gather scatter", "all": ""}[lim.runtime]
-    if demand.collective in ("custom", "gather", "scatter") and demand.collective not in accepts.split():
-        notes.append(f"lowering: no MSCCL coll={demand.collective} in --runtime {lim.runtime} (legacy has custom, "
-                     "executor and RCCL gather/scatter)")
+    if demand.collective not in limits_for(lim.runtime).colls:
+        notes.append(f"lowering: no MSCCL coll={demand.collective} in runtime {lim.runtime} (it is in "
+                     f"{', '.join(target_runtimes(demand.collective))})")
     return Program(
         name=name, collective=demand.collective, ngpus=demand.ngpus,
         nchunksperloop=max(1, demand.input_chunks, demand.output_chunks),

@@ -13,27 +13,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from compiler.specs.collectives import CUSTOM, canonical, spec
 from compiler.specs.errors import DemandError
-
-COLLECTIVES = ("allgather", "alltoall", "reduce_scatter", "allreduce", "broadcast", "reduce", "scatter", "gather")
-ROOTED = ("broadcast", "reduce", "scatter", "gather")
-REDUCTIONS = ("reduce_scatter", "allreduce", "reduce")
-_ALIASES = {
-    "allgather": "allgather", "all_gather": "allgather", "all-gather": "allgather",
-    "alltoall": "alltoall", "all_to_all": "alltoall", "all-to-all": "alltoall", "a2a": "alltoall",
-    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
-    "allreduce": "allreduce", "all_reduce": "allreduce", "all-reduce": "allreduce",
-    "broadcast": "broadcast", "bcast": "broadcast", "reduce": "reduce", "scatter": "scatter", "gather": "gather",
-}
-
-
-def canonical(name: str) -> str:
-    """'ReduceScatter', 'reduce-scatter', 'reducescatter' -> 'reduce_scatter' (msccl-tools spellings too)."""
-    key = name.strip().lower()
-    if key not in _ALIASES:
-        raise DemandError(f"collective: {name!r} is not a collective (known: {', '.join(COLLECTIVES)}, custom)")
-    return _ALIASES[key]
-
 
 @dataclass(frozen=True)
 class Chunk:
@@ -117,109 +98,51 @@ class Demand:
         )
 
 
-@dataclass(frozen=True)
-class Alias:
-    """In an in-place call, chunk k of buffer `view` is chunk `offset + k` of buffer `base`: the
-    same memory. `base` is the whole buffer, `view` a window into it."""
-    view: str
-    base: str
-    offset: int
-
-    def map(self, slot: tuple[str, int]) -> tuple[str, int]:
-        """A (buffer, chunk) slot named in `base` terms (slots of other buffers unchanged)."""
-        return (self.base, self.offset + slot[1]) if slot[0] == self.view else slot
-
-
-def inplace_alias(collective: str, rank: int, i_chunks: int, o_chunks: int) -> Alias | None:
-    """The runtimes' aliasing of an in-place call (msccl-xml.md §10), the one statement of it:
-    allgather i[j] is o[rank*f + j] (f = i_chunks, the input per rank); reduce_scatter o[j] is
-    i[rank*f + j] (f = o_chunks); allreduce, broadcast, reduce and alltoall use one buffer for both.
-    None for collectives without an in-place form (scatter, gather, custom)."""
-    if collective in ("allreduce", "broadcast", "reduce", "alltoall"):
-        return Alias("i", "o", 0)
-    if collective == "allgather":
-        return Alias("i", "o", rank * i_chunks)
-    if collective == "reduce_scatter":
-        return Alias("o", "i", rank * o_chunks)
-    return None
-
-
 def _check(ngpus: int, size: int, chunks: int, root: int | None, collective: str) -> None:
     if ngpus < 2:
         raise DemandError(f"{collective}: needs at least 2 ranks, the topology has {ngpus}")
     if not isinstance(chunks, int) or chunks < 1:
-        raise DemandError(f"--chunks: {chunks!r} must be a whole number >= 1")
+        raise DemandError(f"chunks={chunks!r}: must be a whole number >= 1")
     if size <= 0:
-        raise DemandError(f"--size: {size!r} must be positive")
+        raise DemandError(f"size={size!r}: must be positive")
     if root is not None and not 0 <= root < ngpus:
-        raise DemandError(f"--root: {root} is out of range (ranks 0..{ngpus - 1})")
+        raise DemandError(f"root={root}: out of range (ranks 0..{ngpus - 1})")
 
 
 def demand_counts(collective: str, ngpus: int, chunks: int = 1) -> tuple[int, int, int]:
     """(chunks, sources + destinations over all chunks, deliveries) of make_demand's result,
-    without building it (memory is checked before a large demand is built)."""
-    coll, n, C = canonical(collective), ngpus, chunks
-    shape = {  # chunks, endpoints per chunk, deliveries per chunk
-        "allgather": (n * C, 1 + n, n - 1), "alltoall": (n * n * C, 2, 1), "reduce_scatter": (n * C, n + 1, 1),
-        "allreduce": (n * C, 2 * n, n), "broadcast": (C, 1 + n, n - 1), "reduce": (C, n + 1, 1),
-        "scatter": (n * C, 2, 1), "gather": (n * C, 2, 1),
-    }[coll]
-    return shape[0], shape[0] * shape[1], shape[0] * shape[2]
+    without building it (memory is checked before a large demand is built): each count is a
+    polynomial of degree <= 2 in the number of ranks, read off three small instances."""
+    cs = spec(collective)
+
+    def count(n: int) -> tuple[int, int, int]:
+        shapes = list(cs.chunks(n, 1, 0))
+        return (len(shapes), sum(len(s) + len(d) for s, d, _, _ in shapes),
+                sum(len([x for x in d if cs.reduces or x not in s]) for s, d, _, _ in shapes))
+
+    n = ngpus
+    if n <= 16:
+        return tuple(v * chunks for v in count(n))
+    (x0, y0), (x1, y1), (x2, y2) = ((k, count(k)) for k in (4, 8, 16))
+    lagrange = [((n - x1) * (n - x2)) / ((x0 - x1) * (x0 - x2)), ((n - x0) * (n - x2)) / ((x1 - x0) * (x1 - x2)),
+                ((n - x0) * (n - x1)) / ((x2 - x0) * (x2 - x1))]
+    return tuple(round(sum(w * y[i] for w, y in zip(lagrange, (y0, y1, y2)))) * chunks for i in range(3))
 
 
 def make_demand(collective: str, ngpus: int, size_bytes: int, chunks: int = 1, root: int | None = None) -> Demand:
-    """The standard collectives. `size_bytes` is nccl-tests' size: allgather the whole output,
-    reduce_scatter the whole input, alltoall one rank's send buffer, the others the buffer."""
-    coll = canonical(collective)
-    if coll in ROOTED:
+    """A standard collective (compiler.specs.collectives). `size_bytes` is nccl-tests' size:
+    allgather the whole output, reduce_scatter the whole input, alltoall one rank's send buffer."""
+    cs = spec(collective)
+    if cs.rooted:
         root = 0 if root is None else root
     elif root not in (None, 0):
-        raise DemandError(f"--root: {coll} has no root (got {root})")
+        raise DemandError(f"root={root}: {cs.name} has no root")
     else:
         root = None
-    _check(ngpus, size_bytes, chunks, root, coll)
-    n, C = ngpus, chunks
-    everyone = tuple(range(n))
-    out: list[Chunk] = []
-    if coll == "allgather":
-        for s in range(n):
-            for c in range(C):
-                out.append(Chunk(len(out), (s,), everyone, (c,), (s * C + c,) * n))
-        cb, i_ch, o_ch = size_bytes / (n * C), C, n * C
-    elif coll == "alltoall":
-        for s in range(n):
-            for d in range(n):
-                for c in range(C):
-                    out.append(Chunk(len(out), (s,), (d,), (d * C + c,), (s * C + c,)))
-        cb, i_ch, o_ch = size_bytes / (n * C), n * C, n * C
-    elif coll == "reduce_scatter":
-        for d in range(n):
-            for c in range(C):
-                out.append(Chunk(len(out), everyone, (d,), (d * C + c,) * n, (c,)))
-        cb, i_ch, o_ch = size_bytes / (n * C), n * C, C
-    elif coll == "allreduce":
-        for k in range(n * C):
-            out.append(Chunk(len(out), everyone, everyone, (k,) * n, (k,) * n))
-        cb, i_ch, o_ch = size_bytes / (n * C), n * C, n * C
-    elif coll == "broadcast":
-        for c in range(C):
-            out.append(Chunk(len(out), (root,), everyone, (c,), (c,) * n))
-        cb, i_ch, o_ch = size_bytes / C, C, C
-    elif coll == "reduce":
-        for c in range(C):
-            out.append(Chunk(len(out), everyone, (root,), (c,) * n, (c,)))
-        cb, i_ch, o_ch = size_bytes / C, C, C
-    elif coll == "scatter":  # size = the root's whole send buffer
-        for d in range(n):
-            for c in range(C):
-                out.append(Chunk(len(out), (root,), (d,), (d * C + c,), (c,)))
-        cb, i_ch, o_ch = size_bytes / (n * C), n * C, C
-    else:  # gather: size = the root's whole receive buffer
-        for s in range(n):
-            for c in range(C):
-                out.append(Chunk(len(out), (s,), (root,), (c,), (s * C + c,)))
-        cb, i_ch, o_ch = size_bytes / (n * C), C, n * C
-    return Demand(coll, n, tuple(out), cb, size_bytes, C, coll in REDUCTIONS, root, i_ch, o_ch)
+    _check(ngpus, size_bytes, chunks, root, cs.name)
+    i_ch, o_ch, size_ch = cs.chunk_counts(ngpus, chunks)
+    out = tuple(Chunk(k, s, d, si, di) for k, (s, d, si, di) in enumerate(cs.chunks(ngpus, chunks, root)))
+    return Demand(cs.name, ngpus, out, size_bytes / size_ch, size_bytes, chunks, cs.reduces, root, i_ch, o_ch)
 
 
 def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1) -> Demand:
@@ -239,7 +162,7 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
         raise DemandError(f"{path}: {sorted(unknown)[0]}: unknown field (allowed: chunks, reduce, ngpus, name)")
     if "ngpus" in doc and doc["ngpus"] != ngpus:
         raise DemandError(f"{path}: ngpus: {doc['ngpus']!r} does not match the topology's {ngpus} GPUs")
-    _check(ngpus, chunk_bytes, chunks, None, "custom")
+    _check(ngpus, chunk_bytes, chunks, None, CUSTOM)
     reduce = bool(doc.get("reduce", False))
     in_next = [0] * ngpus
     out_next = [0] * ngpus
@@ -267,7 +190,7 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
                 di.append(out_next[r])
                 out_next[r] += 1
             out.append(Chunk(len(out), tuple(src), tuple(dst), tuple(si), tuple(di), int(c.get("job", 0))))
-    return Demand("custom", ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
+    return Demand(CUSTOM, ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
                   chunks, reduce, None, max(in_next), max(out_next))
 
 
@@ -291,7 +214,7 @@ def merge(demands: list[Demand]) -> Demand:
             raise DemandError("merge: jobs must share the topology, the chunk size and reduction kind")
         for c in d.chunks:
             chunks.append(replace(c, id=len(chunks), job=job))
-    return replace(first, collective="custom", chunks=tuple(chunks),
+    return replace(first, collective=CUSTOM, chunks=tuple(chunks),
                    size_bytes=sum(d.size_bytes for d in demands),
                    input_chunks=max(d.input_chunks for d in demands),
                    output_chunks=max(d.output_chunks for d in demands))

@@ -23,14 +23,6 @@ BUFFERS = ("i", "o", "s")
 PROTOCOLS = ("Simple", "LL", "LL128")
 SLOTS = {"Simple": 2, "LL": 8, "LL128": 8}  # transfers outstanding per connection (msccl-xml.md §7.5)
 
-# MSCCL `coll` spellings: executor/RCCL write reduce-scatter as "reducescatter", legacy as "reduce_scatter"
-COLL_NAMES = {
-    "allgather": "allgather", "alltoall": "alltoall", "allreduce": "allreduce", "broadcast": "broadcast",
-    "reduce": "reduce", "reduce_scatter": "reducescatter", "gather": "gather", "scatter": "scatter",
-    "custom": "custom",
-}
-
-
 @dataclass(frozen=True)
 class Step:
     type: str
@@ -77,7 +69,7 @@ class GpuProgram:
 @dataclass(frozen=True)
 class Program:
     name: str
-    collective: str  # canonical name (compiler.collectives) or "custom"
+    collective: str  # canonical name (compiler.specs.collectives) or custom
     ngpus: int
     nchunksperloop: int
     nchannels: int

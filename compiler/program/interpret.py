@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from compiler.model.demand import Chunk, Demand, inplace_alias, make_demand
+from compiler.model.demand import Chunk, Demand
+from compiler.specs.collectives import CUSTOM, SPECS, inplace_alias
 from compiler.model.program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
 from compiler.program.verify import Finding, connections, expected_chunks, finding
 
@@ -317,19 +318,14 @@ def execute(p: Program, conns: dict, addrs: list[dict], size: int, init: list, e
 
 def standard_demand(p: Program, root: int | None = None) -> Demand | None:
     """The postcondition of a standard collective from the header alone (msccl-xml.md §4)."""
-    n, N, coll = p.ngpus, p.nchunksperloop, p.collective
-    everyone = tuple(range(n))
-    if coll in ("allreduce", "broadcast", "reduce"):
-        if coll == "allreduce":
-            chunks = [Chunk(k, everyone, everyone, (k,) * n, (k,) * n) for k in range(N)]
-        elif coll == "broadcast":
-            chunks = [Chunk(k, (root,), everyone, (k,), (k,) * n) for k in range(N)]
-        else:
-            chunks = [Chunk(k, everyone, (root,), (k,) * n, (k,)) for k in range(N)]
-        return Demand(coll, n, tuple(chunks), 1.0, N, N, coll != "broadcast", root, N, N)
-    if coll in ("allgather", "alltoall", "reduce_scatter", "gather", "scatter") and n >= 2 and N % n == 0:
-        return make_demand(coll, n, N, N // n, root)
-    return None
+    cs = SPECS.get(p.collective)
+    shapes = cs.file_chunks(p.ngpus, p.nchunksperloop, root) if cs is not None and p.ngpus >= 1 else None
+    if shapes is None:
+        return None
+    n_in, n_out = expected_chunks(p)
+    chunks = tuple(Chunk(k, *shape) for k, shape in enumerate(shapes))
+    return Demand(cs.name, p.ngpus, chunks, 1.0, p.nchunksperloop, max(1, p.nchunksperloop // cs.blocks("size", p.ngpus)),
+                  cs.reduces, root, n_in, n_out)
 
 
 def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc: Encoding) -> list[Finding]:
@@ -376,7 +372,7 @@ def _root_candidates(p: Program) -> list[int]:
             reads_i.append(g.rank)
         if st.type in WRITES_DST and st.dstbuf == "o" and g.rank not in writes_o:
             writes_o.append(g.rank)
-    first = reads_i if p.collective in ("broadcast", "scatter") else writes_o
+    first = reads_i if SPECS[p.collective].root_sends() else writes_o
     if len(first) != 1:
         first = []  # no single rank stands out: try them in rank order
     return first + [r for r in range(p.ngpus) if r not in first]
@@ -434,7 +430,7 @@ def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
         return findings  # the outputs of a run that did not finish say nothing more
     if demand is not None:
         return findings + postcondition(p, demand, mem, addrs, enc)
-    if p.collective in ("broadcast", "reduce", "scatter", "gather"):
+    if p.collective in SPECS and SPECS[p.collective].rooted:
         tried = []
         for root in _root_candidates(p):
             got = postcondition(p, standard_demand(p, root), mem, addrs, enc)
@@ -444,7 +440,7 @@ def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
         return findings + (tried[0] if tried else [])
     d = standard_demand(p)
     if d is None:
-        why = ("a custom collective needs a demand to state its postcondition" if p.collective == "custom" else
+        why = ("a custom collective needs a demand to state its postcondition" if p.collective == CUSTOM else
                f"no postcondition for {p.collective!r} with ngpus={p.ngpus}, nchunksperloop={p.nchunksperloop}")
         return findings + [finding("postcondition", why)]
     return findings + postcondition(p, d, mem, addrs, enc)

@@ -16,11 +16,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from compiler.model.demand import Demand, inplace_alias
-from compiler.specs.errors import CompileError
+from compiler.model.demand import Demand
+from compiler.specs.collectives import CUSTOM, SPECS, inplace_alias
+from compiler.specs.runtimes import (MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET, MAX_TBS_PER_CHANNEL,
+                                    Limits, judged_runtimes, limits_for)
 from compiler.model.program import BUFFERS, PROTOCOLS, READS_SRC, RECVS, SENDS, STEP_TYPES, WRITES_DST, Program, ThreadBlock
 
-RUNTIMES = ("old", "executor", "rccl")  # legacy microsoft/msccl fork, Azure/msccl-executor-nccl, RCCL
 
 
 @dataclass(frozen=True)
@@ -58,66 +59,6 @@ def finding(rule: str, text: str, rank: int = -1, tb: int = -1, step: int = -1, 
     return Finding(rule, f"{rule}: {loc}: {text}" if loc else f"{rule}: {text}", rank, tb, step)
 
 
-# ---- limits per runtime (msccl-xml.md §2.1, §11) -------------------------------------------------
-
-@dataclass(frozen=True)
-class Limits:
-    max_steps: int  # steps per tb, nops included
-    max_tbs: int  # tb count must stay below this
-    colls: frozenset[str]  # canonical collective names the runtime's `coll` attribute accepts
-
-
-_STANDARD = {"allreduce", "allgather", "reduce", "broadcast", "alltoall", "reduce_scatter"}
-LIMITS = {
-    "old": Limits(256, 216, frozenset(_STANDARD | {"custom"})),
-    "executor": Limits(64, 1024, frozenset(_STANDARD | {"gather", "scatter"})),
-    "rccl": Limits(64, 64, frozenset(_STANDARD | {"gather", "scatter"})),
-}
-MAX_CHANNELS = 32
-MAX_TBS_PER_CHANNEL_DIR = 32  # tbs with a send peer (and with a recv peer) per channel
-MAX_CNT = 71
-MAX_DEPID = 127  # stored as int8
-MAX_NODES = 4095  # 1 + ngpus + ntb + nsteps per rank
-OFF_MAX = 32767  # offsets are stored as int16
-
-
-RUNTIME_NAMES = {"old": "microsoft/msccl (old)", "executor": "msccl-executor-nccl", "rccl": "RCCL"}
-
-
-def target_runtimes(collective: str, requested: str = "all") -> tuple[str, ...]:
-    """The runtimes a program of `collective` is written and verified for: with "all", every
-    runtime whose `coll` attribute accepts the collective; otherwise the one requested, refused
-    when it has no such collective. The one rule that compile, verify and library apply."""
-    if requested == "all":
-        return tuple(r for r in RUNTIMES if collective in LIMITS[r].colls) or RUNTIMES
-    if requested not in LIMITS:
-        raise CompileError(f"runtime: {requested!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
-    if collective not in LIMITS[requested].colls:
-        takers = [r for r in RUNTIMES if collective in LIMITS[r].colls]
-        raise CompileError(f"runtime: {requested} ({RUNTIME_NAMES[requested]}) has no coll={collective}"
-                           + (f"; use {' or '.join(takers)}" if takers else ""))
-    return (requested,)
-
-
-def limits_for(runtime: str, collective: str | None = None) -> Limits:
-    """A runtime's limits; "all" is the strictest over the runtimes `collective` targets (over
-    every runtime when no collective is given)."""
-    if runtime == "all":
-        ls = [LIMITS[r] for r in (target_runtimes(collective) if collective else RUNTIMES)]
-        return Limits(min(x.max_steps for x in ls), min(x.max_tbs for x in ls),
-                      frozenset.union(*(x.colls for x in ls)) if collective else
-                      frozenset.intersection(*(x.colls for x in ls)))
-    if runtime not in LIMITS:
-        raise CompileError(f"runtime: {runtime!r} is not a runtime (known: {', '.join(RUNTIMES)}, all)")
-    return LIMITS[runtime]
-
-
-def judged_runtimes(collective: str, runtime: str = "all") -> tuple[str, ...]:
-    """The runtimes `verify` judges a program for: the one asked for (its coll rule reports a
-    collective it lacks), or with "all" those the collective targets."""
-    return target_runtimes(collective) if runtime == "all" else (runtime,)
-
-
 def _tbs(p: Program) -> Iterable[tuple[int, ThreadBlock]]:
     for g in p.gpus:
         for tb in g.tbs:
@@ -132,16 +73,16 @@ def _steps(p: Program):
 
 
 def expected_chunks(p: Program) -> tuple[int, int] | None:
-    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes, None where it says nothing. custom
-    (legacy only) has m = 1 for both buffers in legacy's check (§2.2)."""
+    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes for nchunksperloop N, None where it
+    says nothing. custom (legacy only) has m = 1 for both buffers in legacy's check (§2.2)."""
     n, N = p.ngpus, p.nchunksperloop
-    if p.collective in ("allreduce", "broadcast", "reduce", "alltoall", "custom"):
+    if p.collective == CUSTOM:
         return N, N
-    if p.collective == "allgather":
-        return N // n, N
-    if p.collective == "reduce_scatter":
-        return N, N // n
-    return None
+    cs = SPECS.get(p.collective)
+    if cs is None or n < 1:
+        return None
+    size = cs.blocks("size", n)
+    return N * cs.blocks("inp", n) // size, N * cs.blocks("out", n) // size
 
 
 # ---- header rules --------------------------------------------------------------------------------
@@ -188,7 +129,8 @@ def coll(p: Program, lim: Limits) -> list[Finding]:
 
 def buffer_size(p: Program, lim: Limits) -> list[Finding]:
     out = []
-    if p.collective in ("allgather", "reduce_scatter", "alltoall") and p.ngpus > 0 and p.nchunksperloop % p.ngpus:
+    cs = SPECS.get(p.collective)
+    if cs is not None and p.ngpus > 0 and not cs.fits(p.ngpus, p.nchunksperloop):
         out.append(finding("buffer-size", f"{p.collective}: nchunksperloop={p.nchunksperloop} is not a multiple "
                                           f"of ngpus={p.ngpus}"))
     exp = expected_chunks(p)
@@ -271,8 +213,8 @@ def channel_tbs(p: Program, lim: Limits) -> list[Finding]:
             for tb in g.tbs:
                 per[tb.chan] += getattr(tb, kind) >= 0
             out += [finding("channel-tbs", f"{k} tbs with a {kind} peer on channel {c} (at most "
-                                           f"{MAX_TBS_PER_CHANNEL_DIR})", g.rank)
-                    for c, k in sorted(per.items()) if k > MAX_TBS_PER_CHANNEL_DIR]
+                                           f"{MAX_TBS_PER_CHANNEL})", g.rank)
+                    for c, k in sorted(per.items()) if k > MAX_TBS_PER_CHANNEL]
     return out
 
 
@@ -342,7 +284,7 @@ def offset(p: Program, lim: Limits) -> list[Finding]:
     for g, tb, s, st in _steps(p):
         for which, buf, off in (("src", st.srcbuf, st.srcoff), ("dst", st.dstbuf, st.dstoff)):
             used = st.type in (READS_SRC if which == "src" else WRITES_DST)
-            if not -1 <= off <= OFF_MAX:
+            if not -1 <= off <= MAX_OFFSET:
                 out.append(finding("offset", f"{which}off={off} does not fit the XML's int16",
                                    g.rank, tb.id, s, st.type))
             elif used and buf in BUFFERS and st.cnt >= 1:
