@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from compiler.specs.collectives import CUSTOM, canonical, spec
+from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import DemandError
 
 @dataclass(frozen=True)

@@ -165,10 +165,16 @@ def coll_attributes() -> tuple[str, ...]:
     return tuple(sorted({v for r in RUNTIMES.values() for v in r.colls.values()} | set(OTHER_COLLS)))
 
 
-def needs_legacy_twin(collective: str, requested: str) -> bool:
-    """Whether "all" needs a second file for the old runtime, which spells `collective` apart."""
-    return requested == ALL and "old" in target_runtimes(collective) and len(target_runtimes(collective)) > 1 \
-        and RUNTIMES["old"].colls[collective] != coll_attribute(collective, ALL)
+def twin_runtime(collective: str, requested: str) -> str | None:
+    """The runtime that needs a file of its own where "all" writes one for several: the old one
+    spells reduce-scatter apart (reduce_scatter, not reducescatter). None: one file serves all."""
+    if requested != ALL:
+        return None
+    targets = target_runtimes(collective)
+    for name in targets:
+        if len(targets) > 1 and RUNTIMES[name].colls[collective] != coll_attribute(collective, ALL):
+            return name
+    return None
 
 
 assert set(_STANDARD) <= set(SPECS)

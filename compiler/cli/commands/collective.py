@@ -1,0 +1,198 @@
+"""`msccl-compile COLLECTIVE --hw NAME ...`: flags to options, compiler.pipeline.compile, files, summary."""
+
+from __future__ import annotations
+
+import sys
+
+from compiler.cli.common import (PROG, ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
+                                 positive_int, size_arg, size_range_arg)
+from compiler.model.program import PROTOCOLS
+from compiler.specs.collectives import CUSTOM, SPECS
+from compiler.specs.runtimes import ALL, CHOICES
+from compiler.specs.units import DTYPE_BYTES, format_size, format_time
+
+
+def configure(p, name: str) -> None:
+    from compiler.planners.registry import METHODS
+    add_hw(p)
+    p.add_argument("--size", type=size_arg, default=10**9,
+                   help="buffer size as nccl-tests counts it (allgather: whole output; alltoall: whole send buffer); "
+                        "B, KB/MB/GB, KiB/MiB/GiB (default 1GB)")
+    p.add_argument("--chunks", type=positive_int, default=None,
+                   help="chunks per rank (default: auto tries 1, 2, 4 and 8 and keeps the fastest; other methods 1)")
+    if name in SPECS and SPECS[name].rooted:
+        p.add_argument("--root", type=int, default=None, help="root rank (default 0)")
+    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
+                   help="element type: a chunk is whole elements (default float32)")
+    p.add_argument("--method", choices=METHODS, default="auto")
+    p.add_argument("--time-limit", type=non_negative_float, default=60.0, metavar="S",
+                   help="seconds for planning (default 60)")
+    p.add_argument("--gap", type=non_negative_float, default=1e-4, metavar="G",
+                   help="relative MIP gap to stop at (default 1e-4)")
+    p.add_argument("--max-horizon", type=positive_int, default=None, metavar="K",
+                   help="cap on epochs (the horizon is otherwise found from the lower bound)")
+    p.add_argument("--multicast", action="store_true",
+                   help="let switches marked multicast copy (NVLS); such schedules are simulated, not lowered")
+    p.add_argument("--schedule-out", metavar="FILE", help="write the schedule as JSON (see `msccl-compile lower`)")
+    if name == CUSTOM:
+        p.add_argument("--demand", metavar="FILE", help="the demand: JSON {\"chunks\": [{\"from\": 0, \"to\": [1]}]}")
+    p.add_argument("--verbose", action="store_true", help="forward the solver log to stderr")
+    p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
+    p.add_argument("--no-xml", action="store_true", help="plan and simulate only")
+    add_lowering(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run, collective=name, root=None, demand=None)
+
+
+def add_lowering(p) -> None:
+    """The options of lowering (shared with `msccl-compile lower`)."""
+    p.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="MSCCL protocol (default Simple)")
+    p.add_argument("--instances", type=positive_int, default=1,
+                   help="copies of the algorithm on separate channels, each on 1/N of every chunk")
+    p.add_argument("--size-range", type=size_range_arg, metavar="LO:HI",
+                   help="sizes [LO, HI) the runtime may use this file for (minBytes/maxBytes)")
+    p.add_argument("--runtime", choices=CHOICES, default=ALL,
+                   help="the runtime to write for, or all (default) that have the collective, within the strictest "
+                        "of their limits")
+
+
+def lower_options(args):
+    from compiler.lowering.lower import LowerOptions
+    lo, hi = args.size_range if args.size_range else (0, 0)
+    return LowerOptions(proto=args.proto, instances=args.instances, min_bytes=lo, max_bytes=hi - 1 if hi else 0)
+
+
+def run(args) -> int:
+    from compiler.pipeline import CompileOptions, compile
+    warnings: list[str] = []
+    output_checks(args, warnings)
+    if not args.no_xml:
+        refuse_unsupported(args.collective, args.runtime)
+    topo = load_topology(args.hw, args.nodes)
+    demand = build_demand(args, topo, warnings)
+    for w in warnings:
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
+    result = compile(topo, demand, CompileOptions(plan_options(args), lower_options(args), args.runtime,
+                                                  xml=not args.no_xml, output=args.output))
+    write(result, args.schedule_out)
+    out = {**result.summary(), "requested_method": args.method, "schedule": args.schedule_out, "warnings": warnings}
+    if args.json:
+        emit_json(out)
+    else:
+        print_summary(result, out, args.schedule_out)
+    return 0
+
+
+def write(result, schedule_out: str | None) -> None:
+    """The result's XML files and, if asked for, its schedule (all at the end of the command)."""
+    from backends.msccl_xml import save_xml
+    for f in result.files:
+        save_xml(f.program, f.path, f.spelling)
+    if schedule_out:
+        result.schedule.save(schedule_out)
+
+
+def print_summary(result, out: dict, schedule_out: str | None) -> None:
+    schedule, metrics, topo, demand = result.schedule, result.planned, result.topology, result.demand
+    gap = f", gap {schedule.gap:.2%}" if schedule.gap is not None else ""
+    print(f"{demand.collective} on {topo.name} ({topo.ngpus} GPUs), {size_line(demand)}")
+    print(f"method {schedule.planner} ({schedule.status}{gap}), planned in {schedule.solve_time:.2f} s, "
+          f"{len(schedule.transfers)} transfers over {schedule.epochs} epochs of {format_time(schedule.tau)}")
+    if schedule.lp_value is not None:
+        print(f"LP value {format_time(schedule.lp_value)}; rounded schedule below")
+    print(f"time {format_time(metrics.finish_time_s)}: algbw {metrics.algbw / 1e9:.2f} GB/s, "
+          f"busbw {metrics.busbw / 1e9:.2f} GB/s")
+    print(f"lower bound {format_time(metrics.lower_bound_s)}: {metrics.bound_ratio:.3f} of the bound; "
+          f"output buffer {format_size(metrics.output_buffer_bytes)} per rank"
+          + (f", scratch {format_size(metrics.scratch_bytes)}" if metrics.scratch_bytes else ""))
+    for note in schedule.notes:
+        print(f"  {note}")
+    if out.get("xml"):
+        print(f"wrote {', '.join(out['xml_files'])} (verified for {'/'.join(out['verified_for'])}; {out['nchannels']} "
+              f"channel{'s' if out['nchannels'] > 1 else ''}, up to {out['nthreadblocks_max']} thread blocks and "
+              f"{out['nsteps_max']} steps per block); as a program: {format_time(out['program_time_s'])}, "
+              f"algbw {out['program_algbw_GBps']:.2f} GB/s")
+    elif out.get("xml_skipped"):
+        print(f"no XML: {out['xml_skipped']}")
+    if schedule_out:
+        print(f"schedule written to {schedule_out}")
+
+
+def size_line(demand) -> str:
+    """'1MB, 2 chunks per rank'; for a custom demand '64MB per chunk, 2 chunks (128MB in all)'."""
+    from compiler.pipeline import demand_chunks
+    k = demand.chunks_per_rank
+    if demand.collective != CUSTOM:
+        return f"{format_size(demand.size_bytes)}, {k} chunk{'s' if k > 1 else ''} per rank"
+    n, each = demand_chunks(demand)
+    cut = f", each cut into {k} pieces" if k > 1 else ""
+    total = format_size(demand.size_bytes)
+    return f"{format_size(each)} per chunk, {n} chunk{'s' if n > 1 else ''} ({total} in all){cut}"
+
+
+def build_demand(args, topo, warnings: list[str]):
+    from compiler.model.demand import demand_counts, load_custom_demand, make_demand
+    if args.collective == CUSTOM:
+        if not args.demand:
+            raise ArgumentError("custom: --demand FILE is required")
+        make = lambda size: load_custom_demand(args.demand, topo.ngpus, size, args.chunks or 1)  # noqa: E731
+    else:
+        require_memory(args.collective, topo.ngpus, *demand_counts(args.collective, topo.ngpus, args.chunks or 1))
+        make = lambda size: make_demand(args.collective, topo.ngpus, size, args.chunks or 1, args.root)  # noqa: E731
+    demand = make(args.size)
+    size = whole_elements(demand, args.dtype, args.size)
+    if size != args.size:
+        warnings.append(f"--size {args.size}B rounded down to {size}B: each of its {round(args.size / demand.chunk_bytes)} "
+                        f"chunks must hold whole {args.dtype} elements")
+        demand = make(size)
+    return demand
+
+
+def whole_elements(demand, dtype: str, size: int) -> int:
+    """The largest size <= `size` whose chunks hold whole elements; an error below one element
+    per chunk (the runtime splits a buffer into nchunksperloop pieces of whole elements)."""
+    elem = DTYPE_BYTES[dtype]
+    pieces = round(size / demand.chunk_bytes)
+    least = pieces * elem
+    if size < least:
+        raise ArgumentError(f"--size: {format_size(size)} is below the minimum of {least}B for {demand.collective} on "
+                            f"{demand.ngpus} GPUs: {pieces} chunks of at least one {elem}-byte {dtype} element")
+    return size - size % least
+
+
+def plan_options(args):
+    from compiler.planners import PlanOptions
+    return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
+                       multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
+                       element_bytes=DTYPE_BYTES[args.dtype],
+                       progress=Progress(sys.stderr.isatty() and not args.verbose))
+
+
+def refuse_unsupported(collective: str, runtime: str) -> None:
+    """One line, before planning, when the runtime asked for has no `coll` for the collective."""
+    from compiler.specs.runtimes import runtime as runtime_spec, target_runtimes
+    if runtime == ALL or runtime_spec(runtime).accepts(collective):
+        return
+    has = ", ".join(target_runtimes(collective))
+    why = (f"only the {has} runtime has coll=\"{CUSTOM}\"" if collective == CUSTOM
+           else f"its coll attribute has no {collective}")
+    raise ArgumentError(f"--runtime: {runtime} cannot run {collective}: {why}; use --runtime {has} or all")
+
+
+def require_memory(collective: str, ngpus: int, chunks: int, endpoints: int, deliveries: int) -> None:
+    from compiler.model import memory
+    memory.require(memory.demand_bytes(chunks, endpoints, deliveries),
+                   f"{collective} on {ngpus:,} GPUs ({deliveries:,} deliveries)")
+
+
+def output_checks(args, warnings: list[str]) -> None:
+    """What can be known before planning: the files can be written, the size fits the range."""
+    from compiler.fileio import check_writable
+    if not args.no_xml and args.output:
+        check_writable(args.output, "-o")
+    if args.schedule_out:
+        check_writable(args.schedule_out, "--schedule-out")
+    if args.size_range and not args.size_range[0] <= args.size < args.size_range[1]:
+        lo, hi = args.size_range
+        warnings.append(f"--size {format_size(args.size)} is outside --size-range {format_size(lo)}:{format_size(hi)}: "
+                        "the runtime will not use this file for the size it was planned for")

@@ -1,0 +1,90 @@
+"""`msccl-compile library --hw NAME -o DIR`: one verified XML per collective and size band, and a manifest."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
+                                 positive_int, size_range_arg)
+from compiler.model.program import PROTOCOLS
+from compiler.specs.runtimes import DEFAULT, NAMES
+from compiler.specs.units import format_size
+
+HELP = "plan a size-banded algorithm library for a system and write it as a directory"
+
+
+def configure(p) -> None:
+    add_hw(p)
+    p.add_argument("--collectives", default="allgather,allreduce", help="comma-separated (default allgather,allreduce)")
+    p.add_argument("--sizes", type=size_range_arg, default=(1024, 2**30), metavar="LO:HI",
+                   help="range of sizes covered, inclusive (default 1KiB:1GiB)")
+    p.add_argument("--band-factor", type=positive_int, default=4,
+                   help="each band spans this factor of sizes (default 4)")
+    p.add_argument("--method", default="auto")
+    p.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
+                   help="seconds of planning per band (default 10)")
+    p.add_argument("--proto", choices=("auto",) + PROTOCOLS, default="auto",
+                   help="auto: LL up to 256KiB, LL128 up to 4MiB on NVIDIA, Simple above")
+    p.add_argument("--runtime", choices=NAMES, default=DEFAULT)
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.add_argument("--force", action="store_true", help="replace XML files already in DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from backends.msccl_xml import save_xml
+    from compiler.fileio import atomic_write
+    from compiler.pipeline import LibraryOptions, library, size_bands
+    from compiler.specs.collectives import canonical
+    from compiler.specs.runtimes import runtime
+    topo = load_topology(args.hw, args.nodes)
+    colls = tuple(canonical(c) for c in args.collectives.split(",") if c.strip())
+    if not colls:
+        raise ArgumentError("library: --collectives: give at least one, e.g. allgather,allreduce")
+    most = runtime(args.runtime).max_algorithms
+    files = len(size_bands(*args.sizes, args.band_factor)) * len(colls)
+    if most is not None and files > most:
+        raise ArgumentError(f"library: the {args.runtime} runtime loads at most {most} algorithms; {len(colls)} "
+                            f"collective(s) x {files // len(colls)} bands = {files}; raise --band-factor or narrow "
+                            "--sizes")
+    out = Path(args.output)
+    prepare_directory(out, args.force)
+
+    def done(name, result):
+        if not args.json:
+            s, m = result.schedule, result.planned
+            print(f"{name}: {format_size(result.program.min_bytes)}..{format_size(result.program.max_bytes)}, "
+                  f"{result.program.proto}, {s.planner} with {s.demand.chunks_per_rank} chunk(s): "
+                  f"{m.algbw / 1e9:.2f} GB/s at {format_size(s.demand.size_bytes)} ({m.bound_ratio:.3f} of the bound)",
+                  flush=True)
+
+    lib = library(topo, LibraryOptions(colls, args.sizes, args.band_factor, args.method, args.time_limit, args.proto,
+                                       args.runtime, Progress(sys.stderr.isatty())), done)
+    for name, result in lib.results:
+        for f in result.files:
+            save_xml(f.program, str(out / f.path), f.spelling)
+    atomic_write(out / "manifest" / "manifest.json", json.dumps(lib.manifest, indent=1) + "\n")
+    if args.json:
+        emit_json(lib.manifest)
+    else:
+        print(f"wrote {len(lib.results)} algorithm(s) to {out}/ and the manifest to {out}/manifest/manifest.json "
+              f"(the runtime skips subdirectories); load with: msccl-compile env {out} --runtime {args.runtime}")
+    return 0
+
+
+def prepare_directory(out, force: bool) -> None:
+    """DIR must hold no files the runtime would load besides ours (--force replaces its XML files)."""
+    from compiler.fileio import check_writable, make_directory, remove_later
+    if out.exists() and any(p.is_file() for p in out.iterdir()) and not force:
+        raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
+                            "to replace the directory's XML files)")
+    make_directory(out / "manifest")
+    check_writable(out / "manifest" / "manifest.json", "-o")
+    if force:
+        for f in out.iterdir():
+            if f.is_file() and f.name.endswith(".xml"):
+                remove_later(f)

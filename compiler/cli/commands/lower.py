@@ -1,0 +1,41 @@
+"""`msccl-compile lower SCHEDULE.json --hw NAME -o FILE.xml`: lower and verify a saved schedule (the
+partner of --schedule-out), so one plan can be written for several runtimes or protocols."""
+
+from __future__ import annotations
+
+from compiler.cli.commands.collective import add_lowering, lower_options, print_summary, refuse_unsupported, write
+from compiler.cli.common import ArgumentError, add_hw, emit_json, load_topology
+
+HELP = "lower and verify a schedule saved with --schedule-out, and write its XML"
+
+
+def configure(p) -> None:
+    p.add_argument("schedule", metavar="SCHEDULE.json")
+    add_hw(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
+    add_lowering(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from compiler.fileio import check_writable
+    from compiler.model.schedule import Schedule
+    from compiler.pipeline import CompileOptions, compile_schedule
+    if args.output:
+        check_writable(args.output, "-o")
+    schedule = Schedule.load(args.schedule)
+    refuse_unsupported(schedule.demand.collective, args.runtime)
+    topo = load_topology(args.hw, args.nodes)
+    if schedule.topology != topo.name:
+        raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {schedule.topology!r}, "
+                            f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
+    result = compile_schedule(topo, schedule, CompileOptions(lower=lower_options(args), runtime=args.runtime,
+                                                             output=args.output))
+    write(result, None)
+    out = {**result.summary(), "schedule": args.schedule}
+    if args.json:
+        emit_json(out)
+    else:
+        print_summary(result, out, None)
+    return 0

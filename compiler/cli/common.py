@@ -1,0 +1,100 @@
+"""What every command shares: the parser that fails in one line, argument types, JSON output,
+progress reports, and the loaders imported only when a command runs (`msccl-compile --help`
+stays free of numpy, scipy, networkx, jsonschema and torch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from compiler.specs.errors import CompileError
+from compiler.specs.units import parse_size, parse_size_range
+
+if TYPE_CHECKING:
+    from compiler.model.topology import Topology
+
+PROG = "msccl-compile"
+
+
+class ArgumentError(CompileError):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        sub = self.prog[len(PROG):].strip()
+        raise ArgumentError(f"{sub}: {message}" if sub else message)
+
+
+def add_hw(p) -> None:
+    p.add_argument("--hw", required=True, metavar="NAME|FILE", help="hardware profile name, NAME:N, or a profile JSON file")
+    p.add_argument("--nodes", type=positive_int, default=1, help="number of nodes (default 1)")
+
+
+def number(kind, minimum):
+    """An argparse type: `kind` (int or float) no smaller than `minimum`, with a one-line error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        return value
+    return parse
+
+
+positive_int = number(int, 1)
+non_negative_float = number(float, 0.0)
+
+
+def size_range_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_size_range(text, field="")
+    except CompileError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text, field="")
+    except CompileError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def emit_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+def load_topology(spec: str, nodes: int = 1) -> "Topology":
+    from compiler.model.profiles import load_topology as load
+    return load(spec, nodes)
+
+
+def lower_bound(topo, collective, size, root=None):
+    from compiler.analysis.bounds import lower_bound as bound
+    return bound(topo, collective, size, root)
+
+
+def busbw(collective: str, ngpus: int, algbw: float) -> float:
+    from compiler.analysis.bounds import busbw as bus
+    return bus(collective, ngpus, algbw)
+
+
+class Progress:
+    """One-line progress reports on stderr, only when stderr is a terminal and after a few seconds."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.t0 = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if self.enabled and elapsed >= 2.0:
+            print(f"[{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
