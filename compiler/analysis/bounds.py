@@ -47,6 +47,10 @@ class Bound:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Bound":
+        return cls(**d)
+
 
 # ---- traffic ------------------------------------------------------------------------------------
 

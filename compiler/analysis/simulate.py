@@ -56,6 +56,10 @@ class Metrics:
             del d["starts"], d["ends"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Metrics":
+        return cls(**{**d, "starts": tuple(d.get("starts", ())), "ends": tuple(d.get("ends", ()))})
+
 
 def _bound(topo: Topology, demand: Demand) -> Bound:
     if demand.collective == "custom":

@@ -102,6 +102,7 @@ class Program:
             "inplace": self.inplace, "outofplace": self.outofplace,
             "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
             "demand": self.demand.to_dict() if self.demand is not None else None,
+            "notes": list(self.notes),
             "gpus": [
                 {"rank": g.rank, "i_chunks": g.i_chunks, "o_chunks": g.o_chunks, "s_chunks": g.s_chunks,
                  "tbs": [{"id": tb.id, "send": tb.send, "recv": tb.recv, "chan": tb.chan,
@@ -118,6 +119,7 @@ class Program:
             inplace=bool(d["inplace"]), outofplace=bool(d["outofplace"]),
             min_bytes=int(d["min_bytes"]), max_bytes=int(d["max_bytes"]),
             demand=Demand.from_dict(d["demand"]) if d.get("demand") is not None else None,
+            notes=tuple(d.get("notes", ())),
             gpus=tuple(
                 GpuProgram(int(g["rank"]), int(g["i_chunks"]), int(g["o_chunks"]), int(g["s_chunks"]),
                            tuple(ThreadBlock(int(t["id"]), int(t["send"]), int(t["recv"]), int(t["chan"]),

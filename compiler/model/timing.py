@@ -40,6 +40,16 @@ class TimeExpansion:
     horizon: int
     horizon_reason: str = ""
 
+    def to_dict(self) -> dict:
+        return {"tau_s": self.tau, "chunk_bytes": self.chunk_bytes, "window": list(self.window),
+                "capacity": list(self.capacity), "arrival": list(self.arrival), "horizon": self.horizon,
+                "horizon_reason": self.horizon_reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TimeExpansion":
+        return cls(float(d["tau_s"]), float(d["chunk_bytes"]), tuple(d["window"]), tuple(d["capacity"]),
+                   tuple(d["arrival"]), int(d["horizon"]), d.get("horizon_reason", ""))
+
     def with_horizon(self, horizon: int, reason: str) -> "TimeExpansion":
         return replace(self, horizon=int(horizon), horizon_reason=reason)
 
