@@ -181,8 +181,32 @@ INTERNAL = re.compile(r"§|\.md\b|\[unverified|reference/|te-ccl-model|msccl-xml
 
 
 def shipped_profiles() -> dict[str, dict]:
-    files = [f for f in resources.files("hw_profiles").iterdir() if f.name.endswith(".json") and f.name != "schema.json"]
+    files = [f for f in resources.files("hw_profiles").iterdir()
+             if f.name.endswith(".json") and f.name not in ("schema.json", "runtimes.json")]
     return {f.name[:-5]: json.loads(f.read_text(encoding="utf-8")) for f in files}
+
+
+def test_runtime_costs_cite_public_sources_and_every_profile_has_them():
+    """The runtime cost model's constants (hw_profiles/runtimes.json) name their public source
+    (NCCL's and RCCL's tuning code, the MSCCL kernel) or say they are estimates to calibrate."""
+    from compiler.model.costs import generation_doc
+    table = json.loads(resources.files("hw_profiles").joinpath("runtimes.json").read_text(encoding="utf-8"))
+    for gen in table["generations"]:
+        doc = generation_doc(gen, "runtimes.json")
+        text = " ".join(doc["sources"].values())
+        assert URL.search(text) or "estimate" in text or "assumption" in text, gen
+        assert not INTERNAL.search(URL.sub("", text)), gen
+        for proto in ("Simple", "LL", "LL128"):
+            p = doc["protocols"][proto]
+            assert 0 < p["efficiency"] <= 1 and p["iteration_bytes"] > 0 and p["launch_us"] > 0, (gen, proto)
+    for name in REQUIRED:
+        t = load_topology(name)
+        assert t.costs is not None and "Simple" in t.costs.names, name
+        assert all(l.kind in ("nvlink", "xgmi", "pcie", "network") for l in t.links), name
+    # the simple protocol moves the most per thread block, LL the least, on every generation's GPU links
+    for name in REQUIRED:
+        costs, kind = load_topology(name).costs, load_topology(name).links[0].kind
+        assert costs.protocol("Simple").tb_rate(kind) > costs.protocol("LL").tb_rate(kind)
 
 
 def test_profiles_cite_public_sources_only():

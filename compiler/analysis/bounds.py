@@ -183,7 +183,7 @@ def _node_topology(topo: Topology) -> Topology:
     keep = list(range(n)) + [topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "switch" and s.node == 0]
     new = {old: k for k, old in enumerate(keep)}
     from compiler.model.topology import Link
-    links = tuple(Link(new[l.src], new[l.dst], l.bandwidth, l.alpha, l.count)
+    links = tuple(Link(new[l.src], new[l.dst], l.bandwidth, l.alpha, l.count, l.kind)
                   for l in topo.links if l.src in new and l.dst in new)
     return Topology(topo.name + "-node", n, n, tuple(topo.switches[k - topo.ngpus] for k in keep[n:]), links)
 

@@ -18,6 +18,7 @@ import jsonschema
 import networkx as nx
 
 from compiler.model import memory
+from compiler.model.costs import DEFAULT_GPU_LINK, runtime_costs
 from compiler.specs.errors import ProfileError
 from compiler.model.topology import Link, Nic, Switch, Topology
 
@@ -45,7 +46,7 @@ def _schema() -> dict:
 
 
 def _profile_files() -> list:
-    files = [f for f in resources.files("hw_profiles").iterdir() if f.name.endswith(".json") and f.name != "schema.json"]
+    files = [f for f in resources.files("hw_profiles").iterdir() if f.name.endswith(".json") and f.name not in ("schema.json", "runtimes.json")]
     return sorted(files, key=lambda f: f.name)
 
 
@@ -256,13 +257,14 @@ def compose(doc: dict, nodes: int = 1) -> Topology:
     def vertex(end, node: int) -> int:
         return node * n + end if isinstance(end, int) else vid[(node, end)]
 
+    gpu_kind = DEFAULT_GPU_LINK[doc["vendor"]]
     for node in range(nodes):
         for l in doc["links"]:
             a, b = (vertex(e, node) for e in l["ends"])
-            bw, al, c = l["bandwidth_GBps"] * GB, l["alpha_us"] * US, l.get("count", 1)
-            links.append(Link(a, b, bw, al, c))
+            bw, al, c, kind = l["bandwidth_GBps"] * GB, l["alpha_us"] * US, l.get("count", 1), l.get("kind", gpu_kind)
+            links.append(Link(a, b, bw, al, c, kind))
             if l.get("duplex", True):
-                links.append(Link(b, a, bw, al, c))
+                links.append(Link(b, a, bw, al, c, kind))
     if nodes > 1:
         net = nodes * n + sw_count + 2 * nodes * len(doc["nics"])
         for node in range(nodes):
@@ -275,10 +277,10 @@ def compose(doc: dict, nodes: int = 1) -> Topology:
                 gpus = tuple(node * n + g for g in nic["gpus"])
                 nics.append(Nic(node, k, gpus, bw, al, tx, rx))
                 for g in gpus:
-                    links.append(Link(g, tx, bw, 0.0))
-                    links.append(Link(rx, g, bw, 0.0))
-                links.append(Link(tx, net, bw, al / 2))
-                links.append(Link(net, rx, bw, al / 2))
+                    links.append(Link(g, tx, bw, 0.0, 1, "network"))
+                    links.append(Link(rx, g, bw, 0.0, 1, "network"))
+                links.append(Link(tx, net, bw, al / 2, 1, "network"))
+                links.append(Link(net, rx, bw, al / 2, 1, "network"))
         switches.append(Switch("network", False, "network", -1))
     else:
         for k, nic in enumerate(doc["nics"]):
@@ -296,4 +298,5 @@ def compose(doc: dict, nodes: int = 1) -> Topology:
         gpu_model=doc["gpu"]["model"],
         sms=doc["gpu"]["sms"],
         sources=tuple(sorted(doc["sources"].items())),
+        costs=runtime_costs(doc, doc["name"]),
     )

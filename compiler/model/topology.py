@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from compiler.model.costs import RuntimeCosts
+
 SWITCH_KINDS = ("switch", "nic", "network")
 
 
@@ -29,6 +31,7 @@ class Link:
     bandwidth: float  # bytes/s of one parallel link, one direction
     alpha: float  # seconds; a transfer pays the sum over its path, once
     count: int = 1  # parallel links; each carries one transfer at a time
+    kind: str = ""  # nvlink, xgmi, pcie or network: which runtime costs apply (model/costs.py)
 
     @property
     def capacity(self) -> float:
@@ -59,6 +62,7 @@ class Topology:
     gpu_model: str = ""
     sms: int = 0  # SMs/CUs per GPU: caps co-resident thread blocks
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    costs: RuntimeCosts | None = field(default=None, compare=False)  # the runtimes' costs (model/costs.py)
 
     # ---- vertices -------------------------------------------------------------------------
 
@@ -190,7 +194,7 @@ class Topology:
 
     def reversed(self) -> "Topology":
         """Every link turned around (time reversal: reduce-scatter is a reversed allgather)."""
-        links = tuple(sorted((Link(l.dst, l.src, l.bandwidth, l.alpha, l.count) for l in self.links),
+        links = tuple(sorted((Link(l.dst, l.src, l.bandwidth, l.alpha, l.count, l.kind) for l in self.links),
                              key=lambda l: (l.src, l.dst)))
         return replace(self, links=links)
 
@@ -229,13 +233,14 @@ class Topology:
             "ngpus": self.ngpus,
             "gpus_per_node": self.gpus_per_node,
             "switches": [{"name": s.name, "multicast": s.multicast, "kind": s.kind, "node": s.node} for s in self.switches],
-            "links": [[l.src, l.dst, l.bandwidth, l.alpha, l.count] for l in self.links],
+            "links": [[l.src, l.dst, l.bandwidth, l.alpha, l.count, l.kind] for l in self.links],
             "nics": [
                 {"node": n.node, "index": n.index, "gpus": list(n.gpus), "bandwidth": n.bandwidth,
                  "alpha": n.alpha, "tx": n.tx, "rx": n.rx}
                 for n in self.nics
             ],
             "sources": dict(self.sources),
+            "runtime": self.costs.to_dict() if self.costs is not None else None,
         }
 
     @classmethod
@@ -245,7 +250,8 @@ class Topology:
             ngpus=int(d["ngpus"]),
             gpus_per_node=int(d["gpus_per_node"]),
             switches=tuple(Switch(s["name"], bool(s["multicast"]), s["kind"], int(s["node"])) for s in d["switches"]),
-            links=tuple(Link(int(a), int(b), float(bw), float(al), int(c)) for a, b, bw, al, c in d["links"]),
+            links=tuple(Link(int(x[0]), int(x[1]), float(x[2]), float(x[3]), int(x[4]), str(x[5]) if len(x) > 5 else "")
+                        for x in d["links"]),
             nics=tuple(
                 Nic(int(n["node"]), int(n["index"]), tuple(n["gpus"]), float(n["bandwidth"]), float(n["alpha"]),
                     int(n["tx"]), int(n["rx"]))
@@ -256,6 +262,7 @@ class Topology:
             gpu_model=d.get("gpu_model", ""),
             sms=int(d.get("sms", 0)),
             sources=tuple(sorted(d.get("sources", {}).items())),
+            costs=RuntimeCosts.from_dict(d["runtime"]) if d.get("runtime") else None,
         )
 
     def to_json(self) -> str:
