@@ -44,7 +44,7 @@ def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, 
     `only`: restrict to these sources (the representatives of a symmetry)."""
     for c in demand.chunks:
         if len(c.sources) != 1 or len(c.dests) != 1:
-            raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use --method milp or ring "
+            raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use method='milp' or 'ring' "
                                "(the LP plans demands without copies: alltoall, scatter, gather)")
     sources = np.array(sorted({c.sources[0] for c in demand.chunks if only is None or c.sources[0] in only}))
     row = {s: i for i, s in enumerate(sources)}
@@ -285,15 +285,15 @@ def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         res = m.solve(left * 0.6, options.verbose, options.deadline)
         tried.append(str(k))
         if not res.has_solution and res.status != "infeasible":
-            raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}); "
-                                  "raise --time-limit")
+            raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}) within "
+                                  f"time_limit={options.time_limit:g} s; raise time_limit")
         if options.progress:
             options.progress(f"lp horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
         if res.has_solution:
             model = m
             break
         if cap is not None and k >= cap:
-            raise InfeasibleError(f"lp: infeasible within --max-horizon {cap} epochs")
+            raise InfeasibleError(f"lp: infeasible within max_horizon={cap} epochs")
         k = k + max(1, k // 8)
         if cap is not None:
             k = min(k, cap)

@@ -98,7 +98,8 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
         raise InfeasibleError(f"milp: no route can deliver the demand within {horizon} epochs")
     if nf > MAX_FLOWS:
         raise CompileError(f"milp: {nf} flow variables at {horizon} epochs are more than this machine can solve "
-                           f"(limit {MAX_FLOWS}); use --method rounds or hier, or fewer --chunks")
+                           f"(limit {MAX_FLOWS}); use method='rounds' or 'hier', or fewer chunks per rank "
+                           f"(chunks_per_rank={demand.chunks_per_rank})")
     plain = ~is_gpu & ~np.array([False] * N + [multicast and w.multicast for w in topo.switches])
     upper = np.where(copies & plain[l_dst], np.array(te.capacity), 1)  # per link: most copies of q per epoch
     f_ub = upper[flows.l].astype(float)
@@ -352,11 +353,12 @@ def _baseline(topo, demand, options) -> Schedule | None:
     return best
 
 
-def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | None, multicast: bool,
-                   budget: float, report, sym: Symmetry | None = None,
-                   deadline: float | None = None) -> tuple[int, str, dict | None]:
-    """Smallest horizon the MILP finds feasible: doubling from the lower bound, then bisection.
-    Returns (horizon, how it was chosen, solution values of the last feasible probe)."""
+def search_horizon(topo, demand, te, lower: int, upper: int | None, options: PlanOptions, budget: float,
+                   sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
+    """Smallest horizon the MILP finds feasible within `budget` seconds: doubling from the lower
+    bound (up to options.max_horizon), then bisection. Returns (horizon, how it was chosen,
+    solution values of the last feasible probe)."""
+    cap, multicast, report, deadline = options.max_horizon, options.multicast, options.progress, options.deadline
     t0 = time.perf_counter()
     infeasible, feasible, values = lower - 1, None, None
     k = lower
@@ -390,8 +392,8 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         if upper is not None:
             return upper, f"baseline's {upper} epochs (probes: {', '.join(probes)})", None
         raise InfeasibleError(
-            f"milp: no schedule found within {cap or k} epochs ({', '.join(probes) or 'no probe finished'}); "
-            "raise --max-horizon or --time-limit")
+            f"milp: time_limit={options.time_limit:g} s, max_horizon={cap}: no schedule found within {cap or k} "
+            f"epochs ({', '.join(probes) or 'no probe finished'}); raise time_limit or max_horizon")
     # narrowing
     while feasible - infeasible > 1 and budget - (time.perf_counter() - t0) > 0.5:
         mid = (feasible + infeasible) // 2
@@ -420,7 +422,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     lower = max(1, epochs_for(bound.bandwidth_s, te.tau), _latency_epochs(topo, demand, te))
     cap = options.max_horizon
     if cap is not None and lower > cap:
-        raise InfeasibleError(f"--max-horizon: {cap} epochs is below the lower bound of {lower} epochs "
+        raise InfeasibleError(f"max_horizon={cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
     return with_symmetry(topo, demand, options,
                          lambda sym, images: _plan(topo, demand, options, te, lower, t0, sym, images))
@@ -458,8 +460,7 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
     budget = options.left(t0)
     try:
-        horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
-                                            budget * 0.4, report, sym, options.deadline)
+        horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options, budget * 0.4, sym)
     except InfeasibleError as e:
         if fallback is None or not options.fallback:
             raise
@@ -478,8 +479,8 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
         if base is not None and horizon >= base.epochs or fallback is not None and options.fallback:
             return replace(fallback, solve_time=time.perf_counter() - t0).with_notes(
                 f"milp found no solution in {options.time_limit:g} s; kept the {fallback.planner} baseline")
-        raise InfeasibleError(f"milp: no solution at horizon {horizon} within the time limit ({res.status}); "
-                              "raise --time-limit")
+        raise InfeasibleError(f"milp: no solution at horizon {horizon} within time_limit={options.time_limit:g} s "
+                              f"({res.status}); raise time_limit")
     transfers = prune_useless(extract(model, topo, te), demand)
     notes = [f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
              f"{len(model.flows)} flow variables" + (f", warm start from {base.planner}" if warm else "")]

@@ -33,7 +33,7 @@ def dual_demand(demand: Demand) -> Demand:
 def reverse_schedule(dual: Schedule, demand: Demand, topo: Topology) -> Schedule:
     """Turn a schedule for the dual demand (planned on topo.reversed()) into one for `demand`."""
     if any(t.group >= 0 for t in dual.transfers):
-        raise CompileError("reductions cannot use switch multicast in MSCCL; plan without --multicast")
+        raise CompileError("multicast=True: reductions cannot use switch multicast in MSCCL; plan with multicast=False")
     k = dual.epochs
     transfers = [Transfer(t.chunk, t.dst, t.src, tuple(reversed(t.path)), k - t.arrive, k - t.start, True)
                  for t in dual.transfers]

@@ -38,7 +38,7 @@ def get(name: str) -> Planner:
         from compiler.planners.auto import plan as auto_plan
         return auto_plan
     if name not in MODULES:
-        raise CompileError(f"--method: {name!r} is not a planner (known: {', '.join(METHODS)})")
+        raise CompileError(f"method={name!r} is not a planner (known: {', '.join(METHODS)})")
     if name not in PLANNERS:
         import importlib
         importlib.import_module(f"compiler.planners.{MODULES[name]}")  # importing a planner module registers it

@@ -155,11 +155,11 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
     while state.needs():
         left = options.left(t0)
         if left < -GRACE * options.time_limit:
-            raise InfeasibleError(f"rounds: time limit of {options.time_limit:g} s reached after {windows} windows "
-                                  f"({epoch} epochs) with {state.needs()} deliveries outstanding; raise --time-limit")
+            raise InfeasibleError(f"rounds: time_limit={options.time_limit:g} s reached after {windows} windows "
+                                  f"({epoch} epochs) with {state.needs()} deliveries outstanding; raise time_limit")
         if options.max_horizon is not None and epoch >= options.max_horizon:
-            raise InfeasibleError(f"rounds: {state.needs()} deliveries still outstanding after --max-horizon "
-                                  f"{options.max_horizon} epochs")
+            raise InfeasibleError(f"rounds: {state.needs()} deliveries still outstanding after "
+                                  f"max_horizon={options.max_horizon} epochs")
         expected = max(1, math.ceil((lower - epoch) / length)) + 1
         share = min(left, max(left / expected, 1.0), max(MAX_WINDOW_SHARE * left, 1.0))
         start = state.start(epoch, length)
