@@ -31,7 +31,8 @@ from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry
-from compiler.planners.flows import Flows, link_ends, rows_matrix, useful_flows
+from compiler.planners.flows import link_ends, rows_matrix, useful_flows
+from compiler.planners.constraints import switch_forwards_what_enters
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -100,14 +101,8 @@ class FluidModel:
         init_val = np.zeros((S, N))
         init_val[np.arange(S), self.sources] = amount.sum(axis=1)
         cons.append(H[start] == init_val.ravel())
-        # switches forward in the same epoch what enters them
-        so = np.nonzero(~out_gpu)[0]
-        si = np.nonzero(~into_gpu)[0]
-        keys = np.concatenate([(flows.q[so] * topo.nvertices + l_src[flows.l[so]]) * (K + 1) + flows.k[so],
-                               (flows.q[si] * topo.nvertices + l_dst[flows.l[si]]) * (K + 1) + flows.k[si]])
-        if len(keys):
-            m, _ = rows_matrix(keys, np.concatenate([so, si]), np.concatenate([np.ones(len(so)), -np.ones(len(si))]), nf)
-            cons.append(m @ f == 0)
+        # switches forward in the same epoch what enters them (the MILP's equation, no switch copies)
+        cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, False, f)
         # link capacity per epoch (fluid); with a symmetry every flow loads all its link images
         links, cols, epochs = flows.l, np.arange(nf), flows.k
         if sym is not None:
