@@ -22,24 +22,22 @@ def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_s
     for demands without copies); otherwise the MILP's (one per chunk)."""
     from compiler.analysis.bounds import bound_for
     from compiler.model.timing import epochs_for, expand
-    from compiler.planners.symmetry import chunk_images, find_symmetry
+    from compiler.planners.reductions import orbits
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
     commodities = len(demand.chunks)
     if per_source and not any(len(c.dests) > 1 for c in demand.chunks):
         commodities = len({c.sources for c in demand.chunks})
-    sym = find_symmetry(topo) if symmetry else None
-    if sym is not None and chunk_images(sym, demand) is not None:
-        commodities = max(1, commodities // sym.size)
+    reduced = orbits(topo, demand) if symmetry else None
+    if reduced is not None:
+        commodities = max(1, commodities // reduced.sym.size)
     return commodities * len(topo.links) * k
 
 
 def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
     """(methods to try, reasons for the ones left out)."""
-    plan_demand = demand
-    if demand.reduce:
-        from compiler.planners.reductions import allreduce_phases, dual_demand
-        plan_demand = allreduce_phases(demand)[1] if any(len(c.dests) > 1 for c in demand.chunks) else dual_demand(demand)
+    from compiler.planners.reductions import copy_demand
+    plan_demand = copy_demand(demand)
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
@@ -74,8 +72,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     """Every (chunking, method) candidate within the time limit, judged by the simulator. With
     options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
     often pay; the simulator decides), the optimisers' share of time divided among them."""
-    from compiler.planners.registry import MODULES
-    from compiler.planners import plan as plan_with
+    from compiler.planners.registry import MODULES, plan as plan_with
+    from compiler.planners.reductions import Problem, Refine
     from compiler.analysis.simulate import simulate
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit * BUDGET
@@ -88,7 +86,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         if results and max(r[4] for r in results) >= GOOD_ENOUGH:
             skipped.append(f"finer chunks (already {max(r[4] for r in results):.3f} of the bound)")
             break
-        d = demand.split(parts)
+        refine = Refine(parts)
+        (fine,), inverse = refine.apply(Problem(topo, demand, options))
+        d = fine.demand
         if d.chunk_bytes % options.element_bytes:
             skipped.append(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte "
                            "elements)")
@@ -115,8 +115,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             share = (left * FIRST_SHARE if n == 0 else left / (len(refinements) - n)) \
                 if method in ("milp", "lp", "rounds") and len(refinements) > 1 else left
             try:
-                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share), deadline=deadline,
-                                                   fallback=False))
+                s = refine.invert((plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share),
+                                                              deadline=deadline, fallback=False)),), inverse)
             except CompileError as e:
                 failed.append(f"{method} at {parts}x: {e}")
                 if method == "milp" and "lp" not in methods and "rounds" not in methods:

@@ -30,9 +30,10 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
-from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry
+from compiler.planners.symmetry import Symmetry
 from compiler.planners.flows import link_ends, rows_matrix, useful_flows
 from compiler.planners.constraints import switch_forwards_what_enters
+from compiler.planners.reductions import Symmetric, orbits
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -170,13 +171,7 @@ def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tupl
         for d, a in need.items():  # what the LP left undecomposed goes the best direct way
             if a > 1e-6:
                 out.setdefault((int(s), d), []).append((_fallback(topo, int(s), d), a, float(model.horizon)))
-    if model.sym is None:
-        return out
-    mapped: dict[tuple[int, int], list] = {}
-    for p in model.sym.perms:
-        for (s, d), options in out.items():
-            mapped[(int(p[s]), int(p[d]))] = [(tuple(int(p[v]) for v in path), v, w) for path, v, w in options]
-    return mapped
+    return out if model.sym is None else Symmetric.invert_routes(model.sym, out)
 
 
 def _walk(topo, s, flow, out_links, need):
@@ -263,9 +258,8 @@ def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     commodity_masks(demand)  # refuses demands with copies early
     bound = bound_for(topo, demand)
     te = fluid_expansion(topo, demand, bound.time_s, options.tau)
-    sym = find_symmetry(topo) if options.symmetry else None
-    if sym is not None and chunk_images(sym, demand) is None:
-        sym = None
+    reduced = orbits(topo, demand) if options.symmetry else None  # with multicast too: the LP has no switch copies
+    sym = reduced.sym if reduced is not None else None
     k = max(1, epochs_for(bound.bandwidth_s, te.tau))
     cap = options.max_horizon
     tried = []

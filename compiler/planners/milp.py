@@ -24,8 +24,9 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import SolveResult, solve
-from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
-from compiler.planners.flows import Flows, capacity_violations, distances, link_ends, useful_flows
+from compiler.planners.symmetry import Symmetry, rep_chunks
+from compiler.planners.flows import Flows, distances, link_ends, useful_flows
+from compiler.planners.reductions import SYMMETRY, Orbits, Problem
 from compiler.planners.constraints import (buffer_equals_previous_plus_arrivals, early_delivery,
                                            every_destination_holds_by_horizon, link_capacity_over_window,
                                            send_only_what_is_held, switch_forwards_what_enters)
@@ -284,10 +285,6 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, options: Pla
     return feasible, f"from the lower bound {lower} epochs (probes: {', '.join(probes)})", values
 
 
-class SymmetryClash(Exception):
-    """The mapped schedule overloads a link (cannot happen with exact orbit capacities)."""
-
-
 @register("milp")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     t0 = time.perf_counter()
@@ -298,37 +295,14 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if cap is not None and lower > cap:
         raise InfeasibleError(f"max_horizon={cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
-    return with_symmetry(topo, demand, options,
-                         lambda sym, images: _plan(topo, demand, options, te, lower, t0, sym, images))
+    return SYMMETRY.solve(Problem(topo, demand, options),
+                          lambda reduced: _plan(topo, demand, options, te, lower, t0, reduced))
 
 
-def with_symmetry(topo: Topology, demand: Demand, options: PlanOptions, planner) -> Schedule:
-    """planner(sym, images) with the topology's symmetry where options and demand allow one, and
-    planner(None, None) otherwise or when the mapped schedule overloads a link."""
-    sym = find_symmetry(topo) if options.symmetry and not options.multicast else None
-    images = chunk_images(sym, demand) if sym is not None else None
-    if images is not None:
-        try:
-            return planner(sym, images)
-        except SymmetryClash as clash:
-            return planner(None, None).with_notes(f"symmetric solution overloaded {clash}; solved without symmetry")
-    return planner(None, None)
-
-
-def map_symmetric(topo: Topology, te: TimeExpansion, sym: Symmetry, images: np.ndarray, transfers: list[Transfer],
-                  chunk_ids: list[int]) -> tuple[list[Transfer], str]:
-    """The representatives' transfers mapped onto every GPU, checked against link capacity
-    (raises SymmetryClash), and a note saying what was solved."""
-    transfers = map_transfers(sym, topo, transfers, images, chunk_ids)
-    clash = capacity_violations(topo, te, transfers)
-    if clash:
-        raise SymmetryClash(clash[0])
-    who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
-    return transfers, f"symmetry: solved {who} and mapped them by {sym.describe()}"
-
-
-def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedule:
+def _plan(topo, demand, options, te, lower, t0, reduced: Orbits | None = None) -> Schedule:
+    """The MILP at the smallest feasible horizon (of the representatives' chunks where `reduced`)."""
     report = options.progress
+    sym = reduced.sym if reduced is not None else None
     base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
     fallback = base or (_baseline(topo, demand, options) if options.fallback else None)
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
@@ -358,8 +332,8 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
     transfers = prune_useless(extract(model, topo, te), demand)
     notes = [f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
              f"{len(model.flows)} flow variables" + (f", warm start from {base.planner}" if warm else "")]
-    if sym is not None:
-        transfers, note = map_symmetric(topo, te, sym, images, transfers, model.chunk_ids)
+    if reduced is not None:
+        transfers, note = SYMMETRY.invert(reduced, topo, te, transfers, model.chunk_ids)
         notes.append(note)
     schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", _status(res), res.gap,
                         time.perf_counter() - t0, notes=tuple(notes))

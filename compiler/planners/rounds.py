@@ -35,7 +35,8 @@ from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, epochs_for, expand
 from compiler.model.topology import Topology
 from compiler.planners.registry import register
-from compiler.planners.milp import Model, Start, build, extract, map_symmetric, prune_useless, warm_values, with_symmetry
+from compiler.planners.milp import Model, Start, build, extract, prune_useless, warm_values
+from compiler.planners.reductions import SYMMETRY, Orbits, Problem
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry, rep_chunks
@@ -72,8 +73,8 @@ def plan_rounds(topo: Topology, demand: Demand, options: PlanOptions, window: in
         raise InfeasibleError(f"rounds: a window of {length} epochs is not longer than the slowest transfer "
                               f"({max(te.arrival)} epochs)")
     lower = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
-    return with_symmetry(topo, demand, options,
-                         lambda sym, images: _plan(topo, demand, options, te, length, lower, t0, sym, images))
+    return SYMMETRY.solve(Problem(topo, demand, options),
+                          lambda reduced: _plan(topo, demand, options, te, length, lower, t0, reduced))
 
 
 class _State:
@@ -144,8 +145,9 @@ def _pair_keys(topo: Topology, sym: Symmetry | None) -> np.ndarray:
     return moved[np.arange(n), np.arange(n)][:, None] * n + moved
 
 
-def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -> Schedule:
+def _plan(topo, demand, options, te, length, lower, t0, reduced: Orbits | None = None) -> Schedule:
     report = options.progress
+    sym = reduced.sym if reduced is not None else None
     state = _State(topo, demand, sym)
     dist = distances(topo, te)[1]
     transfers: list[Transfer] = []
@@ -207,8 +209,8 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
     notes = [f"rounds: {windows} windows of {length} epochs (look-ahead {max(te.arrival)}), "
              f"{horizon} epochs of {te.tau * 1e6:.4g} us; lower bound {lower} epochs"
              + (f"; {greedy_windows} windows kept the greedy schedule (time limit)" if greedy_windows else "")]
-    if sym is not None:
-        transfers, note = map_symmetric(topo, te, sym, images, transfers, state.chunk_ids)
+    if reduced is not None:
+        transfers, note = SYMMETRY.invert(reduced, topo, te, transfers, state.chunk_ids)
         notes.append(note)
     else:
         notes.append("no symmetry used")
