@@ -33,7 +33,7 @@ from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry
 from compiler.planners.flows import link_ends, rows_matrix, useful_flows
 from compiler.planners.constraints import switch_forwards_what_enters
-from compiler.planners.reductions import Symmetric, orbits
+from compiler.planners.reductions import Routes, Symmetric, orbits
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -171,7 +171,7 @@ def fluid_expansion(topo: Topology, demand: Demand, bound_s: float, tau: float |
     return TimeExpansion(tau, demand.chunk_bytes, ones, ones, tuple(arrival), 0, "fluid LP epochs")
 
 
-def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]:
+def routes(model: FluidModel, topo: Topology) -> Routes:
     """Decompose each source's flow (summed over time) into routes to its destinations:
     {(source, dest): [(vertex path, chunks, mean LP epoch of its first hop)]}; a route may relay
     through GPUs."""

@@ -295,7 +295,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if cap is not None and lower > cap:
         raise InfeasibleError(f"max_horizon={cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
-    return SYMMETRY.solve(Problem(topo, demand, options),
+    return SYMMETRY.plan(Problem(topo, demand, options),
                           lambda reduced: _plan(topo, demand, options, te, lower, t0, reduced))
 
 

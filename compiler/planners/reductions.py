@@ -13,14 +13,14 @@ into a schedule of the original problem.
     Symmetric        one representative per symmetry orbit; invert: the representatives' transfers
                      mapped onto every image, checked for link clashes.
 
-registry.plan composes the first two (a reduction for a planner that moves only copies), auto
-applies refinement to its candidates. The symmetric problem is not a (topology, demand) pair that
-any planner could take: the representatives share every link's capacity with their images, which
-only the time-expanded models state. So the planners that model it (milp, rounds) hand their
-planning function to `Symmetric.solve`, which applies the reduction, falls back to the unreduced
-problem on a clash, and they call `invert` where their transfers are complete (before their own
-ordering); the LP uses `orbits` and inverts its fluid routes (`Symmetric.invert_routes`) before
-rounding them.
+registry.plan composes the first two (`plan_via`, for a planner that moves only copies: each
+problem apply gives is planned through registry.plan again), auto applies refinement to its
+candidates. The symmetric problem is not a (topology, demand) pair that any planner could take:
+the representatives share every link's capacity with their images, which only the time-expanded
+models state. So the planners that model it (milp, rounds) hand their planning function to
+`Symmetric.plan`, which applies the reduction and falls back to the unreduced problem on a clash;
+they call `invert` where their transfers are complete (before their own ordering). The LP takes
+`orbits` and inverts its fluid routes (`Symmetric.invert_routes`) before rounding them.
 
 The lowering's `instances` (k copies of the program on separate channels, each on 1/k of every
 chunk) is not a planner rewrite: it splits the planned schedule's chunks while lowering and stays
@@ -58,6 +58,8 @@ Inverse = TypeVar("Inverse")
 
 
 class Reduction(Protocol, Generic[Inverse]):
+    """A rewrite of a planning problem (TimeReverse, AllreducePhases, Refine)."""
+
     def apply(self, problem: Problem) -> tuple[tuple[Problem, ...], Inverse]:
         """The problems to plan instead, in the order they are planned, and what invert needs."""
         ...
@@ -67,7 +69,7 @@ class Reduction(Protocol, Generic[Inverse]):
         ...
 
 
-def solve(reduction: Reduction[Inverse], problem: Problem, plan: Callable[[Problem], Schedule]) -> Schedule:
+def plan_via(reduction: Reduction[Inverse], problem: Problem, plan: Callable[[Problem], Schedule]) -> Schedule:
     """Apply `reduction`, plan its problems one after the other with `plan`, invert."""
     problems, inverse = reduction.apply(problem)
     return reduction.invert(tuple(plan(p) for p in problems), inverse)
@@ -191,6 +193,9 @@ class Refine:
 # ---- symmetry ------------------------------------------------------------------------------------
 
 
+Routes = dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]  # the LP's, see lp.routes
+
+
 class SymmetryClash(Exception):
     """The mapped schedule overloads a link (cannot happen with exact orbit capacities)."""
 
@@ -235,7 +240,7 @@ class Symmetric:
         who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
         return transfers, f"symmetry: solved {who} and mapped them by {sym.describe()}"
 
-    def solve(self, problem: Problem, planner: Callable[[Orbits | None], Schedule]) -> Schedule:
+    def plan(self, problem: Problem, planner: Callable[[Orbits | None], Schedule]) -> Schedule:
         """planner(reduced) where the reduction applies, and planner(None) otherwise or when
         planner's invert finds that the mapped schedule overloads a link."""
         reduced = self.apply(problem)
@@ -247,8 +252,7 @@ class Symmetric:
         return planner(None)
 
     @staticmethod
-    def invert_routes(sym: Symmetry, routes: dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]
-                      ) -> dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]:
+    def invert_routes(sym: Symmetry, routes: Routes) -> Routes:
         """The LP's routes of the representative sources, {(source, dest): [(vertex path, amount,
         when)]}, mapped onto every source."""
         mapped: dict[tuple[int, int], list] = {}

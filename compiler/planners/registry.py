@@ -69,8 +69,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         return nothing_to_move(topo, demand, options.method)
     if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
         return planner(topo, demand, options)
-    from compiler.planners.reductions import Problem, for_reduction, solve
-    return solve(for_reduction(demand), Problem(topo, demand, options), lambda p: plan(p.topology, p.demand, p.options))
+    from compiler.planners.reductions import Problem, for_reduction, plan_via
+    return plan_via(for_reduction(demand), Problem(topo, demand, options),
+                    lambda p: plan(p.topology, p.demand, p.options))
 
 
 __all__ = ["PlanOptions", "Planner", "PLANNERS", "METHODS", "register", "get", "plan"]

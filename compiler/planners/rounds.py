@@ -72,7 +72,7 @@ def plan_rounds(topo: Topology, demand: Demand, options: PlanOptions, window: in
         raise InfeasibleError(f"rounds: a window of {length} epochs is not longer than the slowest transfer "
                               f"({max(te.arrival)} epochs)")
     lower = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
-    return SYMMETRY.solve(Problem(topo, demand, options),
+    return SYMMETRY.plan(Problem(topo, demand, options),
                           lambda reduced: _plan(topo, demand, options, te, length, lower, t0, reduced))
 
 
