@@ -149,7 +149,7 @@ def test_ring_needs_a_cycle(topo):
 
 
 def test_direct_needs_one_hop_paths(topo):
-    msg = r"^direct: rank \d+ cannot reach rank \d+ in one transfer on dgx1; use --method ring or milp$"
+    msg = r"^direct: rank \d+ cannot reach rank \d+ in one transfer on dgx1; use method='ring' or 'milp'$"
     with pytest.raises(CompileError, match=msg):
         get("direct")(topo("dgx1"), make_demand("alltoall", 8, GB), OPTS)
 

@@ -90,7 +90,7 @@ def test_horizon_grows_from_the_bound_until_feasible():
 
 def test_max_horizon_below_the_bound_is_a_clear_error():
     topo = load_topology("dgx2")
-    with pytest.raises(InfeasibleError, match="--max-horizon: 3 epochs is below the lower bound of 15"):
+    with pytest.raises(InfeasibleError, match="max_horizon=3 epochs is below the lower bound of 15"):
         planned(topo, "allgather", max_horizon=3)
 
 

@@ -93,5 +93,5 @@ def test_reductions_and_demands_without_copies_go_through_the_normal_dispatch():
 
 
 def test_an_exhausted_time_limit_is_a_clear_error():
-    with pytest.raises(InfeasibleError, match="rounds: time limit of 0.01 s reached after"):
+    with pytest.raises(InfeasibleError, match="rounds: time_limit=0.01 s reached after"):
         rounds(load_topology("dgx2", 2), "allgather", time_limit=0.01)

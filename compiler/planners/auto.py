@@ -4,13 +4,14 @@ every candidate with the simulator, keep the fastest, and say why."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.options import PlanOptions
+from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 
 MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minute on two cores
 LP_MAX_FLOWS = 400_000
@@ -22,24 +23,20 @@ def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_s
     for demands without copies); otherwise the MILP's (one per chunk)."""
     from compiler.analysis.bounds import bound_for
     from compiler.model.timing import epochs_for, expand
-    from compiler.planners.symmetry import chunk_images, find_symmetry
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
     commodities = len(demand.chunks)
     if per_source and not any(len(c.dests) > 1 for c in demand.chunks):
         commodities = len({c.sources for c in demand.chunks})
-    sym = find_symmetry(topo) if symmetry else None
-    if sym is not None and chunk_images(sym, demand) is not None:
-        commodities = max(1, commodities // sym.size)
+    reduced = orbits(topo, demand) if symmetry else None
+    if reduced is not None:
+        commodities = max(1, commodities // reduced.sym.size)
     return commodities * len(topo.links) * k
 
 
 def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
     """(methods to try, reasons for the ones left out)."""
-    plan_demand = demand
-    if demand.reduce:
-        from compiler.planners.reductions import allreduce_phases, dual_demand
-        plan_demand = allreduce_phases(demand)[1] if any(len(c.dests) > 1 for c in demand.chunks) else dual_demand(demand)
+    plan_demand = copy_demand(demand)
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
@@ -70,71 +67,116 @@ GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
 
 
-def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
-    """Every (chunking, method) candidate within the time limit, judged by the simulator. With
-    options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
-    often pay; the simulator decides), the optimisers' share of time divided among them."""
-    from compiler.planners.registry import MODULES
-    from compiler.planners import plan as plan_with
-    from compiler.analysis.simulate import simulate
-    t0 = time.perf_counter()
-    deadline = t0 + options.time_limit * BUDGET
-    if options.deadline is not None:
-        deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
-    refinements = REFINEMENTS if options.refine else (1,)
-    results: list[tuple[float, int, str, Schedule, float]] = []
-    failed, skipped = [], []
-    for n, parts in enumerate(refinements):
-        if results and max(r[4] for r in results) >= GOOD_ENOUGH:
-            skipped.append(f"finer chunks (already {max(r[4] for r in results):.3f} of the bound)")
-            break
-        d = demand.split(parts)
+@dataclass(frozen=True)
+class Candidate:
+    """One planned (chunking, method) candidate, as the simulator judged it."""
+    finish_time_s: float
+    parts: int  # sub-chunks per chunk of the demand asked for
+    method: str
+    schedule: Schedule
+    bound_ratio: float
+
+
+@dataclass
+class Search:
+    """auto's candidates so far, and why the others were left out or failed (its notes)."""
+    topo: Topology
+    options: PlanOptions
+    deadline: float  # time.perf_counter() value by which planning stops (the judging takes the rest)
+    refinements: tuple[int, ...]
+    results: list[Candidate] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def good_enough(self) -> bool:
+        return bool(self.results) and self.best_ratio() >= GOOD_ENOUGH
+
+    def best_ratio(self) -> float:
+        return max(c.bound_ratio for c in self.results)
+
+    def chunking(self, demand: Demand, n: int) -> bool:
+        """Plan the candidates with the n-th refinement's sub-chunks; False where no finer
+        chunking is worth trying (one already reaches the bound, or chunks would split elements)."""
+        parts, options = self.refinements[n], self.options
+        if self.good_enough():
+            self.skipped.append(f"finer chunks (already {self.best_ratio():.3f} of the bound)")
+            return False
+        refine = Refine(parts)
+        (fine,), inverse = refine.apply(Problem(self.topo, demand, options))
+        d = fine.demand
         if d.chunk_bytes % options.element_bytes:
-            skipped.append(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte "
-                           "elements)")
-            break
-        methods, left_out = candidates(topo, d, options)
+            self.skipped.append(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte "
+                                "elements)")
+            return False
+        methods, left_out = candidates(self.topo, d, options)
         if parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
             if not any(m in ("milp", "lp", "rounds") for m in methods):
                 methods = [m for m in methods if m == "ring"]
-        skipped += [f"{x} at {parts}x" for x in left_out] if parts > 1 else left_out
-        for method in methods:
-            if method not in MODULES:
-                skipped.append(f"{method} (not available)")
-                continue
-            if results and max(r[4] for r in results) >= GOOD_ENOUGH:
-                skipped.append(f"{method} at {parts}x (a candidate already reaches {max(r[4] for r in results):.3f} "
-                               "of the bound)")
-                continue
-            left = deadline - time.perf_counter()
-            if left <= 1.0 and results:
-                skipped.append(f"{method} at {parts}x (time limit reached)")
-                continue
-            # the whole chunks get most of the time: they are the cheapest model and often enough
-            share = (left * FIRST_SHARE if n == 0 else left / (len(refinements) - n)) \
-                if method in ("milp", "lp", "rounds") and len(refinements) > 1 else left
-            try:
-                s = plan_with(topo, d, replace(options, method=method, time_limit=max(1.0, share), deadline=deadline,
-                                                   fallback=False))
-            except CompileError as e:
-                failed.append(f"{method} at {parts}x: {e}")
-                if method == "milp" and "lp" not in methods and "rounds" not in methods:
-                    methods.append("rounds")  # the exact model was too big for its share: solve it in windows
-                continue
-            m = simulate(topo, s)
-            results.append((m.finish_time_s, parts, method, s, m.bound_ratio))
-    if not results:
-        raise CompileError("auto: no planner produced a schedule (" + "; ".join(failed) + ")")
-    results.sort(key=lambda r: (r[0], r[1], r[2]))
-    _, best_parts, best_method, best, _ = results[0]
-    label = lambda parts, m: m if len(refinements) == 1 else f"{m}/{demand.chunks_per_rank * parts}ch"
-    ranking = ", ".join(f"{label(p, m)} {t * 1e3:.4g} ms" for t, p, m, _, _ in results[:6])
-    chosen = best_method if len(refinements) == 1 else \
-        f"{best_method} with {demand.chunks_per_rank * best_parts} chunk(s) per rank"
-    why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
-    if skipped:
-        why.append("left out: " + "; ".join(skipped))
-    if failed:
-        why.append("failed: " + "; ".join(failed[:4]) + (" ..." if len(failed) > 4 else ""))
-    return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(why) + best.notes)
+        self.skipped += [f"{x} at {parts}x" for x in left_out] if parts > 1 else left_out
+        for method in methods:  # a failing milp may append rounds to `methods`
+            self.candidate(d, refine, inverse, method, methods, n)
+        return True
+
+    def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int) -> None:
+        """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
+        from compiler.planners.registry import MODULES, plan as plan_with
+        from compiler.analysis.simulate import simulate
+        parts = self.refinements[n]
+        if method not in MODULES:
+            self.skipped.append(f"{method} (not available)")
+            return
+        if self.good_enough():
+            self.skipped.append(f"{method} at {parts}x (a candidate already reaches {self.best_ratio():.3f} "
+                                "of the bound)")
+            return
+        left = self.deadline - time.perf_counter()
+        if left <= 1.0 and self.results:
+            self.skipped.append(f"{method} at {parts}x (time limit reached)")
+            return
+        # the whole chunks get most of the time: they are the cheapest model and often enough
+        share = (left * FIRST_SHARE if n == 0 else left / (len(self.refinements) - n)) \
+            if method in ("milp", "lp", "rounds") and len(self.refinements) > 1 else left
+        try:
+            s = refine.invert((plan_with(self.topo, d, replace(self.options, method=method, time_limit=max(1.0, share),
+                                                               deadline=self.deadline, fallback=False)),), inverse)
+        except CompileError as e:
+            self.failed.append(f"{method} at {parts}x: {e}")
+            if method == "milp" and "lp" not in methods and "rounds" not in methods:
+                methods.append("rounds")  # the exact model was too big for its share: solve it in windows
+            return
+        m = simulate(self.topo, s)
+        self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio))
+
+    def why(self, demand: Demand) -> list[str]:
+        """The notes that explain the choice: the ranking, what was left out, what failed."""
+        results, whole = self.results, len(self.refinements) == 1
+        best = results[0]
+        label = lambda c: c.method if whole else f"{c.method}/{demand.chunks_per_rank * c.parts}ch"
+        ranking = ", ".join(f"{label(c)} {c.finish_time_s * 1e3:.4g} ms" for c in results[:6])
+        chosen = best.method if whole else f"{best.method} with {demand.chunks_per_rank * best.parts} chunk(s) per rank"
+        why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
+        if self.skipped:
+            why.append("left out: " + "; ".join(self.skipped))
+        if self.failed:
+            why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
+        return why
+
+
+def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    """Every (chunking, method) candidate within the time limit, judged by the simulator. With
+    options.refine, chunks are also cut into 2, 4 and 8 sub-chunks (pipelining and finer epochs
+    often pay; the simulator decides), the optimisers' share of time divided among them."""
+    t0 = time.perf_counter()
+    deadline = t0 + options.time_limit * BUDGET
+    if options.deadline is not None:
+        deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
+    search = Search(topo, options, deadline, REFINEMENTS if options.refine else (1,))
+    for n in range(len(search.refinements)):
+        if not search.chunking(demand, n):
+            break
+    if not search.results:
+        raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed) + ")")
+    search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
+    best = search.results[0].schedule
+    return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)

@@ -222,7 +222,7 @@ def find_rings(topo: Topology) -> list[Ring]:
         cycles = hamiltonian_cycles(n, counts)
         if not cycles:
             raise CompileError(f"ring: {topo.name} has no cycle through all its GPUs over GPU-to-GPU links; "
-                               "the ring baseline needs a cycle through the GPUs (use --method direct or milp)")
+                               "the ring baseline needs a cycle through the GPUs (use method='direct' or 'milp')")
     if nodes == 1:
         return [Ring(c) for c in cycles]
     rings, exits = [], {}
@@ -246,7 +246,7 @@ def _hop_path(topo: Topology, a: int, b: int) -> tuple[int, ...]:
         return (a, b)
     if not topo.paths(a, b):
         raise CompileError(f"ring: rank {a} cannot reach its ring successor {b} in one transfer on {topo.name}; "
-                           "use --method milp")
+                           "use method='milp'")
     return topo.best_path(a, b)
 
 
@@ -298,7 +298,7 @@ def one_transfer_path(topo: Topology, src: int, dst: int, planner: str) -> tuple
     """The best GPU-to-GPU path from src to dst; a clear error naming the planner where none exists."""
     if not topo.paths(src, dst):
         raise CompileError(f"{planner}: rank {src} cannot reach rank {dst} in one transfer on {topo.name}; "
-                           "use --method ring or milp")
+                           "use method='ring' or 'milp'")
     return topo.best_path(src, dst)
 
 

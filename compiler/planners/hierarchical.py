@@ -26,7 +26,8 @@ from compiler.planners.options import PlanOptions
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
     if topo.nodes < 2:
-        raise CompileError("hier: the hierarchical baseline needs several nodes (--nodes N); use direct on one node")
+        raise CompileError(f"hier: the hierarchical baseline needs several nodes ({topo.name} has 1); "
+                           "use method='direct' on one node")
     if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks):
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus

@@ -106,6 +106,38 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
     t0 = time.perf_counter()
     data, _chain, _inv = problem.get_problem_data(cp.HIGHS)
     build = time.perf_counter() - t0
+    model, integer = highs_model(data)
+    h = new_highs()
+    h.setOptionValue("output_flag", bool(verbose))
+    h.setOptionValue("log_to_console", bool(verbose))
+    remaining = max(0.5, time_limit - build)
+    if deadline is not None:
+        remaining = max(0.05, min(remaining, deadline - time.perf_counter()))
+    h.setOptionValue("time_limit", float(remaining))
+    h.setOptionValue("mip_rel_gap", float(gap))
+    h.setOptionValue("random_seed", 0)
+    if ipm:
+        h.setOptionValue("solver", "ipm")
+    if first_feasible:
+        h.setOptionValue("mip_max_improving_sols", 1)
+    h.passModel(model)
+
+    columns = _columns(data[PARAM_PROB], problem.variables())
+    if warm and integer:
+        set_start(h, columns, warm, model.lp_.num_col_)
+    if progress is not None and integer:
+        h.cbMipInterrupt.subscribe(_reporter(progress, label, t0))
+    if verbose:  # HiGHS logs to stdout; keep stdout for our own output (--json)
+        with _stdout_to_stderr():
+            run_interruptibly(h, deadline)
+    else:
+        run_interruptibly(h, deadline)
+    return _result(h, problem, columns, bool(integer), label, t0, build)
+
+
+def highs_model(data: dict) -> tuple[highspy.HighsModel, list[int]]:
+    """CVXPY's standard form for HiGHS (equalities, then inequalities, then bounds) as a HighsModel,
+    and the integer columns."""
     dims = dims_to_solver_dict(data[DIMS])
     mat = data[A].tocsc()
     inf = highspy.kHighsInf
@@ -133,53 +165,42 @@ def solve(problem: cp.Problem, *, time_limit: float, gap: float = 1e-4, warm: di
         kinds[integer] = 1
         lp.integrality_ = [highspy.HighsVarType.kInteger if k else highspy.HighsVarType.kContinuous for k in kinds]
     lp.col_lower_, lp.col_upper_ = col_lower, col_upper
+    return model, integer
 
-    h = new_highs()
-    h.setOptionValue("output_flag", bool(verbose))
-    h.setOptionValue("log_to_console", bool(verbose))
-    remaining = max(0.5, time_limit - build)
-    if deadline is not None:
-        remaining = max(0.05, min(remaining, deadline - time.perf_counter()))
-    h.setOptionValue("time_limit", float(remaining))
-    h.setOptionValue("mip_rel_gap", float(gap))
-    h.setOptionValue("random_seed", 0)
-    if ipm:
-        h.setOptionValue("solver", "ipm")
-    if first_feasible:
-        h.setOptionValue("mip_max_improving_sols", 1)
-    h.passModel(model)
 
-    columns = _columns(data[PARAM_PROB], problem.variables())
-    if warm and integer:
-        x0 = np.zeros(lp.num_col_)
-        for var, value in warm.items():
-            col = columns[var]
-            x0[col:col + var.size] = np.asarray(value, dtype=float).ravel(order="F")
-        sol = highspy.HighsSolution()
-        sol.col_value = list(x0)
-        sol.value_valid = True
-        h.setSolution(sol)
+def set_start(h: highspy.Highs, columns: dict, warm: dict, ncols: int) -> None:
+    """A MIP start from {cp.Variable: value} (variables left out start at 0)."""
+    x0 = np.zeros(ncols)
+    for var, value in warm.items():
+        col = columns[var]
+        x0[col:col + var.size] = np.asarray(value, dtype=float).ravel(order="F")
+    sol = highspy.HighsSolution()
+    sol.col_value = list(x0)
+    sol.value_valid = True
+    h.setSolution(sol)
 
-    if progress is not None and integer:
-        last = [0.0]
 
-        def report(event):
-            now = time.perf_counter() - t0
-            if now - last[0] < 2.0:
-                return
-            last[0] = now
-            out = event.data_out
-            inc = out.mip_primal_bound
-            incumbent = "none" if not np.isfinite(inc) else f"{inc:.6g}"
-            g = out.mip_gap if np.isfinite(out.mip_gap) else float("inf")
-            progress(f"{label}elapsed {now:.0f}s, incumbent {incumbent}, gap {g:.2%}")
+def _reporter(progress, label: str, t0: float):
+    """A MIP callback that reports elapsed time, incumbent and gap, at most every 2 seconds."""
+    last = [0.0]
 
-        h.cbMipInterrupt.subscribe(report)
-    if verbose:  # HiGHS logs to stdout; keep stdout for our own output (--json)
-        with _stdout_to_stderr():
-            run_interruptibly(h, deadline)
-    else:
-        run_interruptibly(h, deadline)
+    def report(event):
+        now = time.perf_counter() - t0
+        if now - last[0] < 2.0:
+            return
+        last[0] = now
+        out = event.data_out
+        inc = out.mip_primal_bound
+        incumbent = "none" if not np.isfinite(inc) else f"{inc:.6g}"
+        g = out.mip_gap if np.isfinite(out.mip_gap) else float("inf")
+        progress(f"{label}elapsed {now:.0f}s, incumbent {incumbent}, gap {g:.2%}")
+
+    return report
+
+
+def _result(h: highspy.Highs, problem: cp.Problem, columns: dict, integer: bool, label: str, t0: float,
+            build: float) -> SolveResult:
+    """The outcome of a run; where there is a solution, its values set on the problem's variables."""
     info = h.getInfo()
     status = _STATUS.get(h.getModelStatus().name, h.getModelStatus().name)
     if status == "unbounded":

@@ -30,8 +30,10 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
-from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry
-from compiler.planners.flows import Flows, link_ends, rows_matrix, useful_flows
+from compiler.planners.symmetry import Symmetry
+from compiler.planners.flows import link_ends, rows_matrix, useful_flows
+from compiler.planners.constraints import switch_forwards_what_enters
+from compiler.planners.reductions import Routes, Symmetric, orbits
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -44,7 +46,7 @@ def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, 
     `only`: restrict to these sources (the representatives of a symmetry)."""
     for c in demand.chunks:
         if len(c.sources) != 1 or len(c.dests) != 1:
-            raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use --method milp or ring "
+            raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use method='milp' or 'ring' "
                                "(the LP plans demands without copies: alltoall, scatter, gather)")
     sources = np.array(sorted({c.sources[0] for c in demand.chunks if only is None or c.sources[0] in only}))
     row = {s: i for i, s in enumerate(sources)}
@@ -71,63 +73,88 @@ class FluidModel:
             raise InfeasibleError(f"lp: no route delivers the demand within {horizon} epochs")
         l_src, l_dst = link_ends(topo)
         is_gpu = np.arange(topo.nvertices) < N
-        arrival = np.array(te.arrival)
         rate = np.array([l.capacity * te.tau / demand.chunk_bytes for l in topo.links])
         self.h_pos = np.arange(S * N * (K + 1)).reshape(S, N, K + 1)
-        nh = S * N * (K + 1)
         self.f = f = cp.Variable(nf, name="f", nonneg=True)
-        self.H = H = cp.Variable(nh, name="H", nonneg=True)
-        cons = []
-        # held(k+1) = held(k) - sent(k) + arrived(k+1), at every GPU; the source starts with all
-        s, g, k = np.meshgrid(np.arange(S), np.arange(N), np.arange(K), indexing="ij")
-        s, g, k = s.ravel(), g.ravel(), k.ravel()
-        rows = np.arange(len(s))
-        eq_h = sp.csr_matrix((np.concatenate([np.ones(len(s)), -np.ones(len(s))]),
-                              (np.concatenate([rows, rows]), np.concatenate([self.h_pos[s, g, k + 1], self.h_pos[s, g, k]]))),
-                             shape=(len(s), nh))
-        row_of = lambda s_, g_, k_: (s_ * N + g_) * K + k_
-        out_gpu = is_gpu[l_src[flows.l]]
-        into_gpu = is_gpu[l_dst[flows.l]]
-        land = flows.k + arrival[flows.l]
-        o = np.nonzero(out_gpu)[0]
-        i = np.nonzero(into_gpu & (land >= 1) & (land <= K))[0]
-        eq_f = sp.csr_matrix((np.concatenate([np.ones(len(o)), -np.ones(len(i))]),
-                              (np.concatenate([row_of(flows.q[o], l_src[flows.l[o]], flows.k[o]),
-                                               row_of(flows.q[i], l_dst[flows.l[i]], land[i] - 1)]),
-                               np.concatenate([o, i]))), shape=(len(s), nf))
-        cons.append(eq_h @ H + eq_f @ f == 0)
-        start = self.h_pos[:, :, 0].ravel()
-        init_val = np.zeros((S, N))
-        init_val[np.arange(S), self.sources] = amount.sum(axis=1)
-        cons.append(H[start] == init_val.ravel())
-        # switches forward in the same epoch what enters them
-        so = np.nonzero(~out_gpu)[0]
-        si = np.nonzero(~into_gpu)[0]
-        keys = np.concatenate([(flows.q[so] * topo.nvertices + l_src[flows.l[so]]) * (K + 1) + flows.k[so],
-                               (flows.q[si] * topo.nvertices + l_dst[flows.l[si]]) * (K + 1) + flows.k[si]])
-        if len(keys):
-            m, _ = rows_matrix(keys, np.concatenate([so, si]), np.concatenate([np.ones(len(so)), -np.ones(len(si))]), nf)
-            cons.append(m @ f == 0)
-        # link capacity per epoch (fluid); with a symmetry every flow loads all its link images
-        links, cols, epochs = flows.l, np.arange(nf), flows.k
-        if sym is not None:
-            links = sym.link_perms[:, flows.l].ravel()
-            cols, epochs = np.tile(cols, sym.size), np.tile(epochs, sym.size)
-        m, lk = rows_matrix(links.astype(np.int64) * (K + 1) + epochs, cols, np.ones(len(cols)), nf)
-        cons.append(m @ f <= rate[lk // (K + 1)])
-        # every destination holds what it is owed by the horizon
-        ds, dd = np.nonzero(amount > 0)
-        cons.append(H[self.h_pos[ds, dd, K]] >= amount[ds, dd])
-        # reward early delivery: D(s,d,k) <= min(H(s,d,k), amount)
-        D = cp.Variable((len(ds), K), name="D", nonneg=True)
-        cols = self.h_pos[ds, dd, 1:]
-        cons.append(D <= amount[ds, dd][:, None])
-        cons.append(D <= cp.reshape(H[cols.ravel()], (len(ds), K), order="C"))
-        self.problem = cp.Problem(cp.Minimize(-cp.sum(D) / max(1.0, amount.sum()) + FLOW_PENALTY * cp.sum(f)), cons)
+        self.H = H = cp.Variable(S * N * (K + 1), name="H", nonneg=True)
+        arrival = np.array(te.arrival)
+        cons = held_is_previous_less_sent_plus_arrived(flows, self.h_pos, l_src, l_dst, is_gpu, arrival, f, H)
+        cons += sources_start_with_all(self.h_pos, self.sources, amount, H)
+        # switches forward in the same epoch what enters them (the MILP's equation, no switch copies)
+        cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, False, f)
+        cons += fluid_link_capacity(flows, rate, K, f, sym)
+        cons += destinations_hold_what_they_are_owed(self.h_pos, amount, H)
+        delivered, cons_d = early_delivery(self.h_pos, amount, H)
+        self.problem = cp.Problem(cp.Minimize(-delivered / max(1.0, amount.sum()) + FLOW_PENALTY * cp.sum(f)),
+                                  cons + cons_d)
         self.horizon = K
 
     def solve(self, time_limit: float, verbose: bool, deadline: float | None = None):
         return solve(self.problem, time_limit=time_limit, verbose=verbose, ipm=True, deadline=deadline)
+
+
+# ---- the LP's equations (fluid amounts per epoch; the MILP's are in constraints.py) ---------------
+
+
+def held_is_previous_less_sent_plus_arrived(flows, h_pos, l_src, l_dst, is_gpu, arrival, f, H) -> list:
+    """held(s,g,k+1) = held(s,g,k) - sent(s,g,k) + arrived(s,g,k+1), at every GPU g: what a GPU
+    sends leaves it (no copies)."""
+    S, N, K = h_pos.shape[0], h_pos.shape[1], h_pos.shape[2] - 1
+    nh, nf = h_pos.size, len(flows)
+    s, g, k = np.meshgrid(np.arange(S), np.arange(N), np.arange(K), indexing="ij")
+    s, g, k = s.ravel(), g.ravel(), k.ravel()
+    rows = np.arange(len(s))
+    eq_h = sp.csr_matrix((np.concatenate([np.ones(len(s)), -np.ones(len(s))]),
+                          (np.concatenate([rows, rows]), np.concatenate([h_pos[s, g, k + 1], h_pos[s, g, k]]))),
+                         shape=(len(s), nh))
+    row_of = lambda s_, g_, k_: (s_ * N + g_) * K + k_
+    out_gpu = is_gpu[l_src[flows.l]]
+    into_gpu = is_gpu[l_dst[flows.l]]
+    land = flows.k + arrival[flows.l]
+    o = np.nonzero(out_gpu)[0]
+    i = np.nonzero(into_gpu & (land >= 1) & (land <= K))[0]
+    eq_f = sp.csr_matrix((np.concatenate([np.ones(len(o)), -np.ones(len(i))]),
+                          (np.concatenate([row_of(flows.q[o], l_src[flows.l[o]], flows.k[o]),
+                                           row_of(flows.q[i], l_dst[flows.l[i]], land[i] - 1)]),
+                           np.concatenate([o, i]))), shape=(len(s), nf))
+    return [eq_h @ H + eq_f @ f == 0]
+
+
+def sources_start_with_all(h_pos, sources, amount, H) -> list:
+    """held(s,g,0) = everything s owes where g is the source s, else 0."""
+    S, N = h_pos.shape[:2]
+    start = h_pos[:, :, 0].ravel()
+    init_val = np.zeros((S, N))
+    init_val[np.arange(S), sources] = amount.sum(axis=1)
+    return [H[start] == init_val.ravel()]
+
+
+def fluid_link_capacity(flows, rate, horizon, f, sym: Symmetry | None = None) -> list:
+    """For every link and epoch: the amount started <= rate[l] (chunks per epoch). With a symmetry
+    every flow loads all its link images."""
+    nf, K = len(flows), horizon
+    links, cols, epochs = flows.l, np.arange(nf), flows.k
+    if sym is not None:
+        links = sym.link_perms[:, flows.l].ravel()
+        cols, epochs = np.tile(cols, sym.size), np.tile(epochs, sym.size)
+    m, lk = rows_matrix(links.astype(np.int64) * (K + 1) + epochs, cols, np.ones(len(cols)), nf)
+    return [m @ f <= rate[lk // (K + 1)]]
+
+
+def destinations_hold_what_they_are_owed(h_pos, amount, H) -> list:
+    """held(s,d,K) >= what s owes d, by the horizon."""
+    ds, dd = np.nonzero(amount > 0)
+    return [H[h_pos[ds, dd, h_pos.shape[2] - 1]] >= amount[ds, dd]]
+
+
+def early_delivery(h_pos, amount, H) -> tuple[cp.Expression, list]:
+    """(sum of D, its constraints): D(s,d,k) <= min(held(s,d,k), owed(s,d)) for k = 1..K, so that
+    maximising the sum rewards early delivery."""
+    ds, dd = np.nonzero(amount > 0)
+    K = h_pos.shape[2] - 1
+    D = cp.Variable((len(ds), K), name="D", nonneg=True)
+    cols = h_pos[ds, dd, 1:]
+    return cp.sum(D), [D <= amount[ds, dd][:, None], D <= cp.reshape(H[cols.ravel()], (len(ds), K), order="C")]
 
 
 def fluid_expansion(topo: Topology, demand: Demand, bound_s: float, tau: float | None = None) -> TimeExpansion:
@@ -144,7 +171,7 @@ def fluid_expansion(topo: Topology, demand: Demand, bound_s: float, tau: float |
     return TimeExpansion(tau, demand.chunk_bytes, ones, ones, tuple(arrival), 0, "fluid LP epochs")
 
 
-def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tuple[tuple[int, ...], float, float]]]:
+def routes(model: FluidModel, topo: Topology) -> Routes:
     """Decompose each source's flow (summed over time) into routes to its destinations:
     {(source, dest): [(vertex path, chunks, mean LP epoch of its first hop)]}; a route may relay
     through GPUs."""
@@ -175,13 +202,7 @@ def routes(model: FluidModel, topo: Topology) -> dict[tuple[int, int], list[tupl
         for d, a in need.items():  # what the LP left undecomposed goes the best direct way
             if a > 1e-6:
                 out.setdefault((int(s), d), []).append((_fallback(topo, int(s), d), a, float(model.horizon)))
-    if model.sym is None:
-        return out
-    mapped: dict[tuple[int, int], list] = {}
-    for p in model.sym.perms:
-        for (s, d), options in out.items():
-            mapped[(int(p[s]), int(p[d]))] = [(tuple(int(p[v]) for v in path), v, w) for path, v, w in options]
-    return mapped
+    return out if model.sym is None else Symmetric.invert_routes(model.sym, out)
 
 
 def _walk(topo, s, flow, out_links, need):
@@ -268,9 +289,8 @@ def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     commodity_masks(demand)  # refuses demands with copies early
     bound = bound_for(topo, demand)
     te = fluid_expansion(topo, demand, bound.time_s, options.tau)
-    sym = find_symmetry(topo) if options.symmetry else None
-    if sym is not None and chunk_images(sym, demand) is None:
-        sym = None
+    reduced = orbits(topo, demand) if options.symmetry else None  # with multicast too: the LP has no switch copies
+    sym = reduced.sym if reduced is not None else None
     k = max(1, epochs_for(bound.bandwidth_s, te.tau))
     cap = options.max_horizon
     tried = []
@@ -285,15 +305,15 @@ def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         res = m.solve(left * 0.6, options.verbose, options.deadline)
         tried.append(str(k))
         if not res.has_solution and res.status != "infeasible":
-            raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}); "
-                                  "raise --time-limit")
+            raise InfeasibleError(f"lp: the LP at {k} epochs stopped without a solution ({res.status}) within "
+                                  f"time_limit={options.time_limit:g} s; raise time_limit")
         if options.progress:
             options.progress(f"lp horizon {k} epochs: {'feasible' if res.has_solution else res.status}")
         if res.has_solution:
             model = m
             break
         if cap is not None and k >= cap:
-            raise InfeasibleError(f"lp: infeasible within --max-horizon {cap} epochs")
+            raise InfeasibleError(f"lp: infeasible within max_horizon={cap} epochs")
         k = k + max(1, k // 8)
         if cap is not None:
             k = min(k, cap)

@@ -3,7 +3,8 @@
 unless the profile marks the switch multicast and the user asks for it, all rounds kept).
 
 The horizon starts at the lower bound and grows (doubling, then bisection) only while the model is
-infeasible; the best baseline schedule caps it and warm-starts the solver.
+infeasible; the best baseline schedule caps it and warm-starts the solver. The constraint families
+are in constraints.py; `build` with a `Start` is also one window of the rounds planner.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, replace
 
 import cvxpy as cp
 import numpy as np
-import scipy.sparse as sp
 
 from compiler.analysis.bounds import bound_for
 from compiler.model.demand import Demand
@@ -24,8 +24,12 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import SolveResult, solve
-from compiler.planners.symmetry import Symmetry, chunk_images, find_symmetry, map_transfers, rep_chunks
-from compiler.planners.flows import Flows, capacity_violations, distances, link_ends, occupancy, rows_matrix, useful_flows
+from compiler.planners.symmetry import Symmetry, rep_chunks
+from compiler.planners.flows import Flows, distances, link_ends, useful_flows
+from compiler.planners.reductions import SYMMETRY, Orbits, Problem
+from compiler.planners.constraints import (buffer_equals_previous_plus_arrivals, early_delivery,
+                                           every_destination_holds_by_horizon, link_capacity_over_window,
+                                           send_only_what_is_held, switch_forwards_what_enters)
 
 MAX_FLOWS = 400_000  # beyond this, building the CVXPY model alone takes minutes
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
@@ -98,7 +102,8 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
         raise InfeasibleError(f"milp: no route can deliver the demand within {horizon} epochs")
     if nf > MAX_FLOWS:
         raise CompileError(f"milp: {nf} flow variables at {horizon} epochs are more than this machine can solve "
-                           f"(limit {MAX_FLOWS}); use --method rounds or hier, or fewer --chunks")
+                           f"(limit {MAX_FLOWS}); use method='rounds' or 'hier', or fewer chunks per rank "
+                           f"(chunks_per_rank={demand.chunks_per_rank})")
     plain = ~is_gpu & ~np.array([False] * N + [multicast and w.multicast for w in topo.switches])
     upper = np.where(copies & plain[l_dst], np.array(te.capacity), 1)  # per link: most copies of q per epoch
     f_ub = upper[flows.l].astype(float)
@@ -116,135 +121,6 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
         cons += every_destination_holds_by_horizon(src, dst, b_pos, K, B)
     objective = cp.Minimize(-early_delivery(held, dst, b_pos, kb, nb, B) + FLOW_PENALTY * cp.sum(F))
     return Model(flows, K, F, B, b_pos, held, cp.Problem(objective, cons), chunk_ids, sym, multicast, landing, upper)
-
-
-# ---- constraint families: one function per equation ----------------------------------------------
-
-
-def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B, landing=None):
-    """B(q,g,k) = B(q,g,k-1) + sum over links l into g of F(q, l, k - arrival[l])
-    (+ 1 where a copy sent before the model lands: landing[q, g] == k)."""
-    if B is None:
-        return []
-    q, g, k = np.nonzero(b_pos >= 0)
-    rows = b_pos[q, g, k]
-    prev = b_pos[q, g, k - 1]
-    has_prev = prev >= 0
-    into = is_gpu[l_dst[flows.l]]
-    land = flows.k + arrival[flows.l]
-    fq, fg, fk = flows.q[into], l_dst[flows.l][into], land[into]
-    f_rows = b_pos[fq, fg, fk]
-    f_cols = np.nonzero(into)[0]
-    ok = f_rows >= 0  # arrivals at a source never happen (pruned); guard anyway
-    mb = sp.csr_matrix((np.concatenate([np.ones(len(rows)), -np.ones(has_prev.sum())]),
-                        (np.concatenate([rows, rows[has_prev]]), np.concatenate([rows, prev[has_prev]]))),
-                       shape=(nb, nb))
-    mf = sp.csr_matrix((-np.ones(ok.sum()), (f_rows[ok], f_cols[ok])), shape=(nb, nf))
-    rhs = np.zeros(nb)
-    if landing is not None:
-        lq, lg = np.nonzero(landing > 0)
-        rhs[b_pos[lq, lg, landing[lq, lg]]] = 1.0
-    return [mb @ B + mf @ F == rhs]
-
-
-def send_only_what_is_held(flows, b_pos, l_src, is_gpu, src, F, B, f_ub=None):
-    """F(q,l,k) <= B(q,g,k) (times F's upper bound) for a link l out of GPU g that is not a
-    source of q (copies are free)."""
-    u = l_src[flows.l]
-    sel = is_gpu[u]
-    sel[sel] &= ~src[flows.q[sel], u[sel]]
-    idx = np.nonzero(sel)[0]
-    if len(idx) == 0:
-        return []
-    cols = b_pos[flows.q[idx], u[idx], flows.k[idx]]
-    if np.any(cols < 0):  # sending in epoch 0 from a non-source: impossible
-        bad = idx[cols < 0]
-        return [F[bad] == 0] + send_rows(idx[cols >= 0], cols[cols >= 0], F, B, f_ub)
-    return send_rows(idx, cols, F, B, f_ub)
-
-
-def send_rows(idx, cols, F, B, f_ub=None):
-    n = len(idx)
-    if n == 0:
-        return []
-    sel = sp.csr_matrix((np.ones(n), (np.arange(n), idx)), shape=(n, F.size))
-    scale = np.ones(n) if f_ub is None else f_ub[idx]
-    held = sp.csr_matrix((scale, (np.arange(n), cols)), shape=(n, B.size))
-    return [sel @ F <= held @ B]
-
-
-def switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F):
-    """Cut-through switches: what leaves a switch in epoch k entered it in epoch k.
-    Without copy: sum out = sum in. A multicast switch may copy: each out <= sum in."""
-    nv = topo.nvertices
-    nf = len(flows)
-    copy = np.array([False] * topo.ngpus + [multicast and s.multicast for s in topo.switches])
-    out_sw = ~is_gpu[l_src[flows.l]]
-    in_sw = ~is_gpu[l_dst[flows.l]]
-    cons = []
-    key = lambda q, w, k: (q.astype(np.int64) * nv + w) * (flows.k.max() + 2) + k
-    plain_out = out_sw & ~copy[l_src[flows.l]]
-    plain_in = in_sw & ~copy[l_dst[flows.l]]
-    if plain_out.any() or plain_in.any():
-        o, i = np.nonzero(plain_out)[0], np.nonzero(plain_in)[0]
-        rows = np.concatenate([key(flows.q[o], l_src[flows.l[o]], flows.k[o]), key(flows.q[i], l_dst[flows.l[i]], flows.k[i])])
-        vals = np.concatenate([np.ones(len(o)), -np.ones(len(i))])
-        m, _ = rows_matrix(rows, np.concatenate([o, i]), vals, nf)
-        cons.append(m @ F == 0)
-    if multicast and copy.any():
-        o = np.nonzero(out_sw & copy[l_src[flows.l]])[0]
-        i = np.nonzero(in_sw & copy[l_dst[flows.l]])[0]
-        if len(o):
-            okey = key(flows.q[o], l_src[flows.l[o]], flows.k[o])
-            ikey = key(flows.q[i], l_dst[flows.l[i]], flows.k[i])
-            order = np.argsort(ikey, kind="stable")
-            ikey_sorted, i_sorted = ikey[order], i[order]
-            lo = np.searchsorted(ikey_sorted, okey, "left")
-            hi = np.searchsorted(ikey_sorted, okey, "right")
-            r_out = np.arange(len(o))
-            r_in = np.repeat(r_out, hi - lo)
-            c_in = i_sorted[np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])] if len(o) else np.array([], int)
-            m = sp.csr_matrix((np.concatenate([np.ones(len(o)), -np.ones(len(r_in))]),
-                               (np.concatenate([r_out, r_in]), np.concatenate([o, c_in]))), shape=(len(o), nf))
-            cons.append(m @ F <= 0)
-    return cons
-
-
-def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=None, busy=None):
-    """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l], less
-    what `busy` (links, horizon) says earlier flows outside the model still hold there.
-    With a symmetry, a flow on link l loads the image of l under every group element; the rows of
-    the links of one orbit are then identical and only the orbit's first link has one."""
-    cap = np.array(te.capacity)
-    idx, links, epoch, count = occupancy(flows.l, flows.k, te, link_images)
-    keep = epoch < horizon
-    idx, links, epoch, count = idx[keep], links[keep], epoch[keep], count[keep]
-    rows = links.astype(np.int64) * (horizon + 1) + epoch
-    m, keys = rows_matrix(rows, idx, count.astype(float), len(flows))
-    limit = cap[keys // (horizon + 1)].astype(float)
-    if busy is not None:
-        limit -= busy[keys // (horizon + 1), keys % (horizon + 1)]
-    load = np.asarray(m.sum(axis=1)).ravel()
-    tight = load > limit  # rows that can never be exceeded are left out
-    if not tight.any():
-        return []
-    return [m[tight] @ F <= limit[tight]]
-
-
-def every_destination_holds_by_horizon(src, dst, b_pos, horizon, B):
-    q, g = np.nonzero(dst & ~src)
-    cols = b_pos[q, g, horizon]
-    return [B[cols] == 1] if len(cols) else []
-
-
-def early_delivery(src, dst, b_pos, horizon, nb, B):
-    """Sum over needed (chunk, rank) of the epochs it is held: minimising its negative makes
-    every delivery as early as possible (the sum of arrival epochs, te-ccl-model.md §3.3)."""
-    q, g = np.nonzero(dst & ~src)
-    cols = b_pos[q, g, 1:].ravel()
-    w = np.zeros(nb)
-    w[cols[cols >= 0]] = 1.0
-    return w @ B
 
 
 # ---- warm start and extraction ------------------------------------------------------------------
@@ -352,11 +228,12 @@ def _baseline(topo, demand, options) -> Schedule | None:
     return best
 
 
-def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | None, multicast: bool,
-                   budget: float, report, sym: Symmetry | None = None,
-                   deadline: float | None = None) -> tuple[int, str, dict | None]:
-    """Smallest horizon the MILP finds feasible: doubling from the lower bound, then bisection.
-    Returns (horizon, how it was chosen, solution values of the last feasible probe)."""
+def search_horizon(topo, demand, te, lower: int, upper: int | None, options: PlanOptions, budget: float,
+                   sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
+    """Smallest horizon the MILP finds feasible within `budget` seconds: doubling from the lower
+    bound (up to options.max_horizon), then bisection. Returns (horizon, how it was chosen,
+    solution values of the last feasible probe)."""
+    cap, multicast, report, deadline = options.max_horizon, options.multicast, options.progress, options.deadline
     t0 = time.perf_counter()
     infeasible, feasible, values = lower - 1, None, None
     k = lower
@@ -390,8 +267,8 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
         if upper is not None:
             return upper, f"baseline's {upper} epochs (probes: {', '.join(probes)})", None
         raise InfeasibleError(
-            f"milp: no schedule found within {cap or k} epochs ({', '.join(probes) or 'no probe finished'}); "
-            "raise --max-horizon or --time-limit")
+            f"milp: time_limit={options.time_limit:g} s, max_horizon={cap}: no schedule found within {cap or k} "
+            f"epochs ({', '.join(probes) or 'no probe finished'}); raise time_limit or max_horizon")
     # narrowing
     while feasible - infeasible > 1 and budget - (time.perf_counter() - t0) > 0.5:
         mid = (feasible + infeasible) // 2
@@ -408,10 +285,6 @@ def search_horizon(topo, demand, te, lower: int, upper: int | None, cap: int | N
     return feasible, f"from the lower bound {lower} epochs (probes: {', '.join(probes)})", values
 
 
-class SymmetryClash(Exception):
-    """The mapped schedule overloads a link (cannot happen with exact orbit capacities)."""
-
-
 @register("milp")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     t0 = time.perf_counter()
@@ -420,46 +293,22 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     lower = max(1, epochs_for(bound.bandwidth_s, te.tau), _latency_epochs(topo, demand, te))
     cap = options.max_horizon
     if cap is not None and lower > cap:
-        raise InfeasibleError(f"--max-horizon: {cap} epochs is below the lower bound of {lower} epochs "
+        raise InfeasibleError(f"max_horizon={cap} epochs is below the lower bound of {lower} epochs "
                               f"(epoch {te.tau * 1e6:.4g} us)")
-    return with_symmetry(topo, demand, options,
-                         lambda sym, images: _plan(topo, demand, options, te, lower, t0, sym, images))
+    return SYMMETRY.plan(Problem(topo, demand, options),
+                          lambda reduced: _plan(topo, demand, options, te, lower, t0, reduced))
 
 
-def with_symmetry(topo: Topology, demand: Demand, options: PlanOptions, planner) -> Schedule:
-    """planner(sym, images) with the topology's symmetry where options and demand allow one, and
-    planner(None, None) otherwise or when the mapped schedule overloads a link."""
-    sym = find_symmetry(topo) if options.symmetry and not options.multicast else None
-    images = chunk_images(sym, demand) if sym is not None else None
-    if images is not None:
-        try:
-            return planner(sym, images)
-        except SymmetryClash as clash:
-            return planner(None, None).with_notes(f"symmetric solution overloaded {clash}; solved without symmetry")
-    return planner(None, None)
-
-
-def map_symmetric(topo: Topology, te: TimeExpansion, sym: Symmetry, images: np.ndarray, transfers: list[Transfer],
-                  chunk_ids: list[int]) -> tuple[list[Transfer], str]:
-    """The representatives' transfers mapped onto every GPU, checked against link capacity
-    (raises SymmetryClash), and a note saying what was solved."""
-    transfers = map_transfers(sym, topo, transfers, images, chunk_ids)
-    clash = capacity_violations(topo, te, transfers)
-    if clash:
-        raise SymmetryClash(clash[0])
-    who = "GPU 0's chunks" if sym.reps == (0,) else f"the chunks of GPUs {', '.join(map(str, sym.reps))}"
-    return transfers, f"symmetry: solved {who} and mapped them by {sym.describe()}"
-
-
-def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedule:
+def _plan(topo, demand, options, te, lower, t0, reduced: Orbits | None = None) -> Schedule:
+    """The MILP at the smallest feasible horizon (of the representatives' chunks where `reduced`)."""
     report = options.progress
+    sym = reduced.sym if reduced is not None else None
     base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
     fallback = base or (_baseline(topo, demand, options) if options.fallback else None)
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
     budget = options.left(t0)
     try:
-        horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options.max_horizon, options.multicast,
-                                            budget * 0.4, report, sym, options.deadline)
+        horizon, reason, _ = search_horizon(topo, demand, te, lower, upper, options, budget * 0.4, sym)
     except InfeasibleError as e:
         if fallback is None or not options.fallback:
             raise
@@ -478,13 +327,13 @@ def _plan(topo, demand, options, te, lower, t0, sym=None, images=None) -> Schedu
         if base is not None and horizon >= base.epochs or fallback is not None and options.fallback:
             return replace(fallback, solve_time=time.perf_counter() - t0).with_notes(
                 f"milp found no solution in {options.time_limit:g} s; kept the {fallback.planner} baseline")
-        raise InfeasibleError(f"milp: no solution at horizon {horizon} within the time limit ({res.status}); "
-                              "raise --time-limit")
+        raise InfeasibleError(f"milp: no solution at horizon {horizon} within time_limit={options.time_limit:g} s "
+                              f"({res.status}); raise time_limit")
     transfers = prune_useless(extract(model, topo, te), demand)
     notes = [f"horizon {horizon} epochs of {te.tau * 1e6:.4g} us, {reason}",
              f"{len(model.flows)} flow variables" + (f", warm start from {base.planner}" if warm else "")]
-    if sym is not None:
-        transfers, note = map_symmetric(topo, te, sym, images, transfers, model.chunk_ids)
+    if reduced is not None:
+        transfers, note = SYMMETRY.invert(reduced, topo, te, transfers, model.chunk_ids)
         notes.append(note)
     schedule = Schedule(demand, topo.name, tuple(transfers), te.tau, horizon, "milp", _status(res), res.gap,
                         time.perf_counter() - t0, notes=tuple(notes))

@@ -1,7 +1,8 @@
 """Planners: plan(topology, demand, options) -> Schedule, one module each, chosen by name.
 
-`plan` dispatches: reductions are planned natively by planners that know them (the baselines) and
-as the time reverse of their copy dual by the others; allreduce as reduce-scatter then allgather.
+`plan` dispatches: reductions are planned natively by planners that know them (the baselines); for
+the others it composes the reductions of reductions.py: the time reverse of the copy dual, and
+allreduce as reduce-scatter then allgather (each phase planned through `plan` again).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def get(name: str) -> Planner:
         from compiler.planners.auto import plan as auto_plan
         return auto_plan
     if name not in MODULES:
-        raise CompileError(f"--method: {name!r} is not a planner (known: {', '.join(METHODS)})")
+        raise CompileError(f"method={name!r} is not a planner (known: {', '.join(METHODS)})")
     if name not in PLANNERS:
         import importlib
         importlib.import_module(f"compiler.planners.{MODULES[name]}")  # importing a planner module registers it
@@ -68,15 +69,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         return nothing_to_move(topo, demand, options.method)
     if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
         return planner(topo, demand, options)
-    from compiler.planners.reductions import allreduce_phases, concatenate, dual_demand, reverse_schedule
-    if any(len(c.dests) > 1 for c in demand.chunks):
-        rs, ag = allreduce_phases(demand)
-        half = (options.deadline - time.perf_counter()) / 2  # the reduce-scatter phase may not take it all
-        first = plan(topo, rs, replace(options, deadline=time.perf_counter() + half,
-                                        time_limit=min(options.time_limit, half)))
-        return concatenate(first, plan(topo, ag, options), demand)
-    dual = plan(topo.reversed(), dual_demand(demand), options)
-    return reverse_schedule(dual, demand, topo)
+    from compiler.planners.reductions import Problem, for_reduction, plan_via
+    return plan_via(for_reduction(demand), Problem(topo, demand, options),
+                    lambda p: plan(p.topology, p.demand, p.options))
 
 
 __all__ = ["PlanOptions", "Planner", "PLANNERS", "METHODS", "register", "get", "plan"]

@@ -6,8 +6,9 @@ commodities, copies still in flight (they land as constants), and link capacity 
 previous window still occupy across the boundary. A window has no "every demand met" constraint and
 lets flows land after its end (the look-ahead); its objective is early delivery (as in the MILP),
 plus a cost-to-go that rewards holding every still-needed chunk close to the GPUs that need it at
-the window's end (CostToGo), plus the MILP's small flow penalty. A GPU may send several copies of
-one chunk through a switch in one epoch (milp.build(copies=True)), which matters at coarse epochs.
+the window's end (cost_to_go.CostToGo), plus the MILP's small flow penalty. A GPU may send several
+copies of one chunk through a switch in one epoch (milp.build(copies=True)), which matters at
+coarse epochs.
 
 The solver starts every window from a greedy list schedule (`greedy`), which also stands in for
 the solver once the time limit is spent, so a late window costs a fraction of a second. Windows
@@ -24,9 +25,7 @@ import math
 import time
 from dataclasses import replace
 
-import cvxpy as cp
 import numpy as np
-import scipy.sparse as sp
 
 from compiler.analysis.bounds import bound_for
 from compiler.model.demand import Demand
@@ -35,14 +34,15 @@ from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, epochs_for, expand
 from compiler.model.topology import Topology
 from compiler.planners.registry import register
-from compiler.planners.milp import Model, Start, build, extract, map_symmetric, prune_useless, warm_values, with_symmetry
+from compiler.planners.milp import Model, Start, build, extract, prune_useless
+from compiler.planners.cost_to_go import CostToGo, set_values, warm_start
+from compiler.planners.reductions import SYMMETRY, Orbits, Problem
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry, rep_chunks
 from compiler.planners.flows import INF, capacity_violations, distances, link_orbits, occupancy, order_within_epochs
 
 MIN_WINDOW = 15  # epochs per window at least (TE-CCL's round length)
-COST_TO_GO = 0.9  # weight of the estimated (optimistic) early-delivery reward of an open need
 STALLS = 2  # windows in a row without progress before giving up
 MAX_WINDOW_SHARE = 0.5  # no window may take more than this share of the time left
 MIN_SOLVE = 1.0  # seconds: with less time left, a window keeps its greedy schedule without solving
@@ -72,8 +72,8 @@ def plan_rounds(topo: Topology, demand: Demand, options: PlanOptions, window: in
         raise InfeasibleError(f"rounds: a window of {length} epochs is not longer than the slowest transfer "
                               f"({max(te.arrival)} epochs)")
     lower = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
-    return with_symmetry(topo, demand, options,
-                         lambda sym, images: _plan(topo, demand, options, te, length, lower, t0, sym, images))
+    return SYMMETRY.plan(Problem(topo, demand, options),
+                          lambda reduced: _plan(topo, demand, options, te, length, lower, t0, reduced))
 
 
 class _State:
@@ -144,8 +144,9 @@ def _pair_keys(topo: Topology, sym: Symmetry | None) -> np.ndarray:
     return moved[np.arange(n), np.arange(n)][:, None] * n + moved
 
 
-def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -> Schedule:
+def _plan(topo, demand, options, te, length, lower, t0, reduced: Orbits | None = None) -> Schedule:
     report = options.progress
+    sym = reduced.sym if reduced is not None else None
     state = _State(topo, demand, sym)
     dist = distances(topo, te)[1]
     transfers: list[Transfer] = []
@@ -155,37 +156,16 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
     while state.needs():
         left = options.left(t0)
         if left < -GRACE * options.time_limit:
-            raise InfeasibleError(f"rounds: time limit of {options.time_limit:g} s reached after {windows} windows "
-                                  f"({epoch} epochs) with {state.needs()} deliveries outstanding; raise --time-limit")
+            raise InfeasibleError(f"rounds: time_limit={options.time_limit:g} s reached after {windows} windows "
+                                  f"({epoch} epochs) with {state.needs()} deliveries outstanding; raise time_limit")
         if options.max_horizon is not None and epoch >= options.max_horizon:
-            raise InfeasibleError(f"rounds: {state.needs()} deliveries still outstanding after --max-horizon "
-                                  f"{options.max_horizon} epochs")
-        expected = max(1, math.ceil((lower - epoch) / length)) + 1
-        share = min(left, max(left / expected, 1.0), max(MAX_WINDOW_SHARE * left, 1.0))
-        start = state.start(epoch, length)
-        try:
-            model = build(topo, demand, te, length, options.multicast, sym=sym, start=start, copies=True)
-        except InfeasibleError:
-            raise InfeasibleError(f"rounds: no route reaches the {state.needs()} deliveries still outstanding "
-                                  f"after epoch {epoch}") from None
-        ctg = CostToGo(model, start, state.dst, dist)
-        problem = ctg.problem(model)
-        warm = _warm(model, topo, greedy(model, start, topo, te, state, epoch), ctg)
-        first = _value(problem, warm)  # the variables now hold the greedy schedule
-        solved = left > MIN_SOLVE
-        if solved:
-            res = solve(problem, time_limit=share, gap=options.gap, warm=warm, verbose=options.verbose,
-                        progress=report, label=f"window {windows + 1}: ", deadline=options.deadline)
-            solved = res.has_solution
-        if solved:
-            how = (f"{res.status}, {res.seconds:.1f} s, objective {res.objective:.6g} from the greedy's {first:.6g}, "
-                   f"bound {res.bound:.6g}")
-        else:  # out of time: the window keeps its greedy schedule
-            _value(problem, warm)
+            raise InfeasibleError(f"rounds: {state.needs()} deliveries still outstanding after "
+                                  f"max_horizon={options.max_horizon} epochs")
+        model, found, how, solved, optimal = _window(topo, demand, options, te, state, dist, sym, epoch, length,
+                                                     lower, left, windows + 1)
+        if not solved:
             greedy_windows += 1
-            how = f"greedy only, objective {first:.6g}"
-        timed_out |= not solved or res.status != "optimal"
-        found = extract(model, topo, te)
+        timed_out |= not optimal
         last_group = max((t.group for t in found), default=-1)
         found = [replace(t, start=t.start + epoch, arrive=t.arrive + epoch, group=t.group + groups if t.group >= 0 else -1)
                  for t in found]
@@ -207,8 +187,8 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
     notes = [f"rounds: {windows} windows of {length} epochs (look-ahead {max(te.arrival)}), "
              f"{horizon} epochs of {te.tau * 1e6:.4g} us; lower bound {lower} epochs"
              + (f"; {greedy_windows} windows kept the greedy schedule (time limit)" if greedy_windows else "")]
-    if sym is not None:
-        transfers, note = map_symmetric(topo, te, sym, images, transfers, state.chunk_ids)
+    if reduced is not None:
+        transfers, note = SYMMETRY.invert(reduced, topo, te, transfers, state.chunk_ids)
         notes.append(note)
     else:
         notes.append("no symmetry used")
@@ -220,92 +200,34 @@ def _plan(topo, demand, options, te, length, lower, t0, sym=None, images=None) -
                     status, None, time.perf_counter() - t0, notes=tuple(notes))
 
 
-class CostToGo:
-    """The A* heuristic of a window, in the objective's own units. Early delivery rewards a chunk
-    delivered in epoch a of the window (or its look-ahead, up to epoch K + A) with K + A + 1 - a.
-    A need (chunk q, GPU d) still open at the window's end is credited the same reward for the
-    earliest epoch v at which it could still arrive: a GPU g that holds q from epoch k can deliver
-    it at max(K, k) + dist(g, d) (the next window starts at K; dist in epochs, capacity ignored, so
-    the estimate is optimistic, as A* requires), times COST_TO_GO. Linear through one variable per
-    (q, d, v), v = K+1..K+A: y(q,d,v) <= the number of GPUs g with B(q, g, v - dist(g, d)) = 1
-    (epoch capped at K + A), and sum over v of y(q,d,v) <= 1 - B(q, d, K + A), so the best v
-    counts once and a delivered need no more. A need no GPU can serve within the look-ahead earns
-    nothing. (TE-CCL weights holders by 1 / (1 + distance) instead, te-ccl-model.md §7; that
-    reward has no common scale with the deliveries it is weighed against.)"""
-
-    def __init__(self, model: Model, start: Start, dst: np.ndarray, dist: np.ndarray):
-        self.y = None
-        K, last = model.horizon, model.b_pos.shape[2] - 1
-        ahead = last - K
-        held = model.held0
-        need = dst & ~held & (start.landing == 0)
-        qs, ds = np.nonzero(need)
-        if ahead == 0 or model.B is None or len(qs) == 0:
-            return
-        rows_c, rows_need, ent_row, ent_q, ent_g, ent_e = [], [], [], [], [], []
-        nrows = 0
-        for d in np.unique(ds):
-            near = np.nonzero((dist[:, d] <= ahead) & (np.arange(len(dist)) != d))[0]
-            cls, gs = [], []  # class c (v = K + 1 + c) and a GPU that could deliver by v
-            for c in range(ahead):
-                m = near[dist[near, d] <= c + 1]
-                cls.append(np.full(len(m), c))
-                gs.append(m)
-            cls, gs = np.concatenate(cls), np.concatenate(gs)
-            epoch = np.minimum(last, K + 1 + cls - dist[gs, d])
-            for i in np.nonzero(ds == d)[0]:
-                rows_c.append(np.arange(ahead))
-                rows_need.append(np.full(ahead, i))
-                ent_row.append(nrows + cls)
-                ent_q.append(np.full(len(gs), qs[i]))
-                ent_g.append(gs)
-                ent_e.append(epoch)
-                nrows += ahead
-        c, group = np.concatenate(rows_c), np.concatenate(rows_need)
-        er, eq, eg, ee = (np.concatenate(x) for x in (ent_row, ent_q, ent_g, ent_e))
-        const = np.zeros(nrows)
-        np.add.at(const, er[held[eq, eg]], 1.0)
-        col = model.b_pos[eq, eg, ee]
-        var = col >= 0
-        self.m = sp.csr_matrix((np.ones(var.sum()), (er[var], col[var])), shape=(nrows, model.B.size))
-        self.end = model.b_pos[qs, ds, last]  # B(q, d, K + A) of each need: a variable (d does not hold q)
-        self.const, self.group, self.weight = const, group, COST_TO_GO * (ahead - c)
-        self.y = cp.Variable(nrows, name="y", bounds=[0, 1])
-        one = sp.csr_matrix((np.ones(nrows), (group, np.arange(nrows))), shape=(len(qs), nrows))
-        delivered = sp.csr_matrix((np.ones(len(qs)), (np.arange(len(qs)), self.end)), shape=(len(qs), model.B.size))
-        self.constraints = [self.y - self.m @ model.B <= const, one @ self.y + delivered @ model.B <= 1]
-
-    def problem(self, model: Model) -> cp.Problem:
-        if self.y is None:
-            return model.problem
-        return cp.Problem(cp.Minimize(model.problem.objective.expr - self.weight @ self.y),
-                          model.problem.constraints + self.constraints)
-
-    def warm(self, b: np.ndarray) -> np.ndarray:
-        """y for holdings b: 1 at the earliest v some holder reaches (rows go earliest first),
-        none for a need already delivered."""
-        has = (self.m @ b + self.const >= 0.5) & (b[self.end] < 0.5)[self.group]
-        idx = np.where(has, np.arange(len(has)), len(has))
-        starts = np.nonzero(np.r_[True, self.group[1:] != self.group[:-1]])[0]
-        first = np.minimum.reduceat(idx, starts)
-        y = np.zeros(len(has))
-        y[first[first < len(has)]] = 1.0
-        return y
-
-
-def _value(problem: cp.Problem, values: dict) -> float:
-    for var in problem.variables():
-        var.value = values.get(var, np.zeros(var.size))
-    return float(problem.objective.value)
-
-
-def _warm(model: Model, topo: Topology, transfers: list[Transfer], ctg: CostToGo) -> dict:
-    """Solver start from the greedy transfers (or, if they do not fit the model, from sending
-    nothing: always feasible), with the cost-to-go at its value."""
-    values = warm_values(model, topo, transfers) or warm_values(model, topo, [])
-    if ctg.y is not None:
-        values[ctg.y] = ctg.warm(values[model.B])
-    return values
+def _window(topo, demand, options, te, state: _State, dist, sym, epoch: int, length: int, lower: int, left: float,
+            number: int) -> tuple[Model, list[Transfer], str, bool, bool]:
+    """Window `number`, from the state at `epoch`: the greedy schedule, improved by the solver in
+    its share of the `left` seconds where there is time. Returns (the window's model, its transfers
+    at the window's own epochs, how it was solved, whether the solver found a solution (else the
+    greedy schedule is kept), whether it proved it optimal)."""
+    expected = max(1, math.ceil((lower - epoch) / length)) + 1
+    share = min(left, max(left / expected, 1.0), max(MAX_WINDOW_SHARE * left, 1.0))
+    start = state.start(epoch, length)
+    try:
+        model = build(topo, demand, te, length, options.multicast, sym=sym, start=start, copies=True)
+    except InfeasibleError:
+        raise InfeasibleError(f"rounds: no route reaches the {state.needs()} deliveries still outstanding "
+                              f"after epoch {epoch}") from None
+    ctg = CostToGo(model, start, state.dst, dist)
+    problem = ctg.problem(model)
+    warm = warm_start(model, topo, greedy(model, start, topo, te, state, epoch), ctg)
+    first = set_values(problem, warm)  # the variables now hold the greedy schedule
+    res = None
+    if left > MIN_SOLVE:
+        res = solve(problem, time_limit=share, gap=options.gap, warm=warm, verbose=options.verbose,
+                    progress=options.progress, label=f"window {number}: ", deadline=options.deadline)
+    if res is not None and res.has_solution:
+        how = (f"{res.status}, {res.seconds:.1f} s, objective {res.objective:.6g} from the greedy's {first:.6g}, "
+               f"bound {res.bound:.6g}")
+        return model, extract(model, topo, te), how, True, res.status == "optimal"
+    set_values(problem, warm)  # out of time: the window keeps its greedy schedule
+    return model, extract(model, topo, te), f"greedy only, objective {first:.6g}", False, False
 
 
 def greedy(model: Model, start: Start, topo: Topology, te: TimeExpansion, state: _State, t0: int) -> list[Transfer]:
@@ -319,7 +241,9 @@ def greedy(model: Model, start: Start, topo: Topology, te: TimeExpansion, state:
     A GPU that will hold q serves later needs from the epoch its copy lands. The plan runs one
     window beyond this one, of which only the transfers that start in this window are kept: a
     need that is better served early in the next window is left to it rather than sent at the
-    end of this one along a worse route."""
+    end of this one along a worse route.
+    (Over 60 lines: one list-scheduling loop over shared arrays, the link load, who holds what
+    from when, the estimates and the heap, which every step reads and updates.)"""
     table, dist = distances(topo, te)
     K = model.horizon
     H = 2 * K  # planned epochs (the next window too)
@@ -358,17 +282,7 @@ def greedy(model: Model, start: Start, topo: Topology, te: TimeExpansion, state:
         ps, first = ps[first < H], first[first < H]
         if len(ps) == 0:
             continue
-        free = np.ones((len(ps), H), dtype=bool)
-        for h in range(links.shape[1]):
-            l = links[ps, h]
-            on = l >= 0
-            if not on.any():
-                continue
-            lo = l[on]
-            blocked = (load[orbit[lo]] + mult[lo, None] > cap[lo, None]).astype(np.int64)
-            cum = np.concatenate([np.zeros((len(lo), 1), dtype=np.int64), np.cumsum(blocked, axis=1)], axis=1)
-            end = np.minimum(epochs[None, :] + window[lo, None], H)
-            free[on] &= ((np.take_along_axis(cum, end, axis=1) - cum[:, :H]) == 0) & ~(used[q, lo] & single[lo, None])
+        free = _free_starts(links[ps], load, orbit, mult, cap, window, used[q], single)
         free &= epochs[None, :] >= first[:, None]
         ok = free.any(axis=1)
         if not ok.any():
@@ -398,3 +312,25 @@ def greedy(model: Model, start: Start, topo: Topology, te: TimeExpansion, state:
             est[q, d2] = arrive + dist[d, d2]
             heapq.heappush(heap, (float(est[q, d2]), q, int(d2)))
     return out
+
+
+def _free_starts(paths: np.ndarray, load: np.ndarray, orbit: np.ndarray, mult: np.ndarray, cap: np.ndarray,
+                 window: np.ndarray, used: np.ndarray, single: np.ndarray) -> np.ndarray:
+    """(paths, H) bool: the epochs in which a copy of one chunk may start along each path (rows of
+    link ids, -1 padded): every link has room for it over its window under `load` (links, H; per
+    orbit), and no link that starts one copy per epoch (`single`) already carries this chunk then
+    (`used`, links x H)."""
+    H = load.shape[1]
+    epochs = np.arange(H)
+    free = np.ones((len(paths), H), dtype=bool)
+    for h in range(paths.shape[1]):
+        l = paths[:, h]
+        on = l >= 0
+        if not on.any():
+            continue
+        lo = l[on]
+        blocked = (load[orbit[lo]] + mult[lo, None] > cap[lo, None]).astype(np.int64)
+        cum = np.concatenate([np.zeros((len(lo), 1), dtype=np.int64), np.cumsum(blocked, axis=1)], axis=1)
+        end = np.minimum(epochs[None, :] + window[lo, None], H)
+        free[on] &= ((np.take_along_axis(cum, end, axis=1) - cum[:, :H]) == 0) & ~(used[lo] & single[lo, None])
+    return free
