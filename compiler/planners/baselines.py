@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from compiler.model.demand import Chunk, Demand
+from compiler.specs.collectives import SPECS
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, expand
@@ -118,7 +119,7 @@ def _owner(chunk: Chunk) -> int:
 
 def _lane(demand: Demand, chunk: Chunk) -> int:
     """Which of a rank's chunks this is (allreduce chunk k belongs to lane k // N)."""
-    if demand.collective == "allreduce":
+    if demand.collective in SPECS and SPECS[demand.collective].flat:
         return chunk.id // demand.ngpus
     return chunk.id % max(1, demand.chunks_per_rank)
 

@@ -37,6 +37,7 @@ from compiler.model.demand import Chunk, Demand
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
 from compiler.planners.options import PlanOptions
+from compiler.specs.collectives import TWO_PHASES
 from compiler.specs.errors import CompileError
 
 if TYPE_CHECKING:  # numpy, and the symmetry search with it, load only where a symmetry is looked for
@@ -127,9 +128,9 @@ def allreduce_phases(demand: Demand) -> tuple[Demand, Demand]:
         idx = c.src_index[c.sources.index(owner)]
         rs.append(Chunk(c.id, c.sources, (owner,), c.src_index, (idx,), c.job))
         ag.append(Chunk(c.id, (owner,), c.dests, (idx,), c.dst_index, c.job))
-    base = replace(demand, collective="reduce_scatter")
-    return (replace(base, chunks=tuple(rs)),
-            replace(demand, collective="allgather", chunks=tuple(ag), reduce=False))
+    reduce, copy = TWO_PHASES
+    return (replace(demand, collective=reduce, chunks=tuple(rs)),
+            replace(demand, collective=copy, chunks=tuple(ag), reduce=False))
 
 
 def concatenate(first: Schedule, second: Schedule, demand: Demand) -> Schedule:

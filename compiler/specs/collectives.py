@@ -54,7 +54,6 @@ class CollectiveSpec:
     build: Callable[[int, int, int | None], Iterator[ChunkShape]]  # (n, chunks in the size, root) -> chunks
     torch_call: Callable | None = None  # (dist, inp, n, rank, root, op, group) -> this rank's output
     phases: tuple[str, ...] = ()  # planned as these collectives one after the other (allreduce)
-    dual: str | None = None  # the copy collective whose time reverse this reduction is
     flat: bool = False  # any number of chunks (not whole blocks): chunk k is the same slot on every rank
 
     def blocks(self, which: str, n: int) -> int:
@@ -231,17 +230,17 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("alltoall", ("all_to_all", "all-to-all", "a2a"), False, False, ALL, ALL, ALL, _minus_one,
                    "same", _alltoall, _t_alltoall),
     CollectiveSpec("reduce_scatter", ("reducescatter", "reduce-scatter"), False, True, ALL, ONE, ALL, _minus_one,
-                   "output-in-input", _reduce_scatter, _t_reduce_scatter, dual="allgather"),
+                   "output-in-input", _reduce_scatter, _t_reduce_scatter),
     CollectiveSpec("allreduce", ("all_reduce", "all-reduce"), False, True, ALL, ALL, ALL, lambda n: 2 * (n - 1) / n,
                    "same", _allreduce, _t_allreduce, phases=("reduce_scatter", "allgather"), flat=True),
     CollectiveSpec("broadcast", ("bcast",), True, False, ONE, ONE, ONE, lambda n: 1.0, "same", _broadcast,
                    _t_broadcast),
-    CollectiveSpec("reduce", (), True, True, ONE, ONE, ONE, lambda n: 1.0, "same", _reduce, _t_reduce,
-                   dual="broadcast"),
+    CollectiveSpec("reduce", (), True, True, ONE, ONE, ONE, lambda n: 1.0, "same", _reduce, _t_reduce),
     CollectiveSpec("scatter", (), True, False, ALL, ONE, ALL, _minus_one, None, _scatter, _t_scatter),
     CollectiveSpec("gather", (), True, False, ONE, ALL, ALL, _minus_one, None, _gather, _t_gather),
 )}
 CUSTOM = "custom"  # a demand from a file: no spec, its chunks are the demand itself
+TWO_PHASES = SPECS["allreduce"].phases  # how any reduction to several ranks is planned: reduce, then copy out
 COLLECTIVES = tuple(SPECS)
 _SPELLINGS = {k: s.name for s in SPECS.values() for k in (s.name, *s.spellings)}
 
