@@ -1,9 +1,9 @@
 """Code generation for one rank: thread blocks, fused steps, buffer offsets and dependencies.
 
-Input: the rank's moves (transfers after channel assignment, see compiler/lowering.py), each with a
-key. The keys of all ranks form one global order; a move's send and its receive have keys that
-differ only in the side bit (send first). Every thread block runs its steps in key order, which is
-what makes the program deadlock free (see lowering.py, "Why the order is safe").
+Input: the rank's moves (transfers after channel placement, compiler/lowering/channels.py), each
+with a key. The keys of all ranks form one global order; a move's send and its receive have keys
+that differ only in the side bit (send first). Every thread block runs its steps in key order, which is
+what makes the program deadlock free (see compiler/lowering/lower.py, "Why the order is safe").
 
 Per rank:
 1. ops: S (send of a move), R (receive of a move), C (local copy i -> o, key before everything);
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from compiler.lowering.channels import Move
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
 
@@ -30,30 +31,6 @@ CONSUMED = ("-", -1)  # a partial sent by rrs and stored nowhere
 
 class LoweringError(CompileError):
     """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
-
-
-@dataclass(frozen=True)
-class Move:
-    """One GPU-to-GPU transfer as the lowering places it."""
-
-    pos: int  # index in the (instance-expanded) schedule order
-    chunk: int
-    src: int
-    dst: int
-    reduce: bool
-    level: int  # data-dependency level (lowering.py): sends and receives are ordered by it
-    chan: int
-    sub: int = 0  # splits a level on one connection so no more than slots-1 share one group
-    lane: tuple[int, int] = (-1, -1)  # (first link of the path, channel): sends on one lane are paced
-    slow: bool = False  # the path is slower than the fastest link (its receive waits many epochs)
-
-    @property
-    def send_key(self) -> tuple[int, int, int, int]:
-        return (self.level, self.sub, 0, self.pos)
-
-    @property
-    def recv_key(self) -> tuple[int, int, int, int]:
-        return (self.level, self.sub, 1, self.pos)
 
 
 class _Op:
