@@ -18,38 +18,90 @@ Per rank:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable
 
 from compiler.lowering.channels import Move
 from compiler.model.demand import Demand
+from compiler.model.program import Step, ThreadBlock
 from compiler.specs.errors import CompileError
 
 Slot = tuple[str, int]  # (buffer, chunk offset)
-CONSUMED = ("-", -1)  # a partial sent by rrs and stored nowhere
+UNUSED: Slot = ("o", -1)  # a field the step does not use (lower.fill_remote_fields fills some, §3)
+CONSUMED: Slot = ("-", -1)  # a partial sent by rrs and stored nowhere
 
 
 class LoweringError(CompileError):
     """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
 
 
-class _Op:
-    __slots__ = ("kind", "key", "move", "chunk", "tb", "prev_write")
-
-    def __init__(self, kind: str, key: tuple, move: Move | None, chunk: int):
-        self.kind, self.key, self.move, self.chunk = kind, key, move, chunk
-        self.tb = -1
-        self.prev_write: _Op | None = None  # for S: the op that last wrote the value it sends
+class OpKind(Enum):
+    SEND = "S"  # the send of a move
+    RECV = "R"  # the receive of a move
+    COPY = "C"  # a local copy i -> o of a chunk the rank both sources and keeps
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
+class Op:
+    """One send, receive or copy at a rank, before it becomes a step. Its thread block and (for a
+    send) the op that wrote the value it sends are found after all ops exist, hence mutable; ops
+    are compared by identity."""
+
+    kind: OpKind
+    key: tuple[int, int, int, int]  # Move.send_key / recv_key; (-1, 0, 0, chunk) for a copy
+    move: Move | None  # None for a copy
+    chunk: int
+    tb: int = -1
+    prev_write: Op | None = None  # for a send: the op that last wrote the value it sends
+
+
+@dataclass(slots=True)
+class DraftStep:
+    """A step under construction. Mutable, not rebuilt with dataclasses.replace: three of its fields
+    are settled after it is emitted, `hasdep` when a later step of another thread block waits on it,
+    and a send's dst (a receive's src) when every rank is generated (lower.fill_remote_fields);
+    each fix is one assignment where the step sits, and `to_step` freezes the result."""
+
+    type: str  # an MSCCL step type (compiler.model.program.STEP_TYPES)
+    src: Slot
+    dst: Slot
+    cnt: int = 1
+    depid: int = -1
+    deps: int = -1
+    hasdep: bool = False
+
+    def to_step(self) -> Step:
+        return Step(self.type, self.src[0], self.src[1], self.dst[0], self.dst[1], self.cnt, self.depid, self.deps,
+                    self.hasdep)
+
+
+@dataclass(slots=True)
+class DraftThreadBlock:
+    """A thread block under construction: peers and channel fixed, steps appended in key order."""
+
+    send: int  # peer rank, -1 for none
+    recv: int
+    chan: int
+    steps: list[DraftStep] = field(default_factory=list)
+
+    def to_thread_block(self, id: int) -> ThreadBlock:
+        return ThreadBlock(id, self.send, self.recv, self.chan, tuple(s.to_step() for s in self.steps))
+
+
+@dataclass(frozen=True)
 class RankCode:
+    """One rank's generated code; its drafts stay open for lower.fill_remote_fields."""
+
     rank: int
-    tbs: list[tuple[int, int, int, list[list]]]  # (send, recv, chan, steps as mutable lists)
+    tbs: list[DraftThreadBlock]
     s_chunks: int
     inplace_ok: bool
     send_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that sends it
     recv_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that receives it
+
+    def step(self, at: tuple[int, int]) -> DraftStep:
+        return self.tbs[at[0]].steps[at[1]]
 
 
 def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
@@ -84,8 +136,9 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
 class _Emitter:
     """Appends steps to thread blocks and derives their dependencies."""
 
-    def __init__(self, ntb: int, alias: Callable[[Slot], Slot]):
-        self.steps: list[list[list]] = [[] for _ in range(ntb)]
+    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot]):
+        self.tbs = tbs
+        ntb = len(tbs)
         self.known = [[-1] * ntb for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
         self.snap: dict[tuple[int, int], list[int]] = {}
         self.alias = alias
@@ -117,15 +170,15 @@ class _Emitter:
                 want(r)
         known = self.known[tb]
         deps = sorted((d, k) for d, k in need.items() if known[d] < k)
-        steps = self.steps[tb]
+        steps = self.tbs[tb].steps
         for d, k in deps[:-1]:
-            steps.append(["nop", "o", -1, "o", -1, 0, d, k, 0])
+            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k))
         depid, depstep = deps[-1] if deps else (-1, -1)
         for d, k in deps:
-            self.steps[d][k][8] = 1  # hasdep on the target
+            self.tbs[d].steps[k].hasdep = True
             known[:] = [max(a, b) for a, b in zip(known, self.snap[(d, k)])]
         idx = len(steps)
-        steps.append([kind, src[0], src[1], dst[0], dst[1], 1, depid, depstep, 0])
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep))
         known[tb] = idx
         self.snap[(tb, idx)] = list(known)
         for s, orig in zip(reads_n, reads):
@@ -146,66 +199,66 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     the GPU feeds each link in the schedule's order, one transfer at a time, as the planner timed
     it; without it, concurrent thread blocks share the link in whatever order they run."""
     chunks = demand.chunks
-    ops = [_Op("S", m.send_key, m, m.chunk) for m in moves_out]
-    ops += [_Op("R", m.recv_key, m, m.chunk) for m in moves_in]
+    ops = [Op(OpKind.SEND, m.send_key, m, m.chunk) for m in moves_out]
+    ops += [Op(OpKind.RECV, m.recv_key, m, m.chunk) for m in moves_in]
     received = {m.chunk for m in moves_in}
     for c in chunks:
         if rank in c.sources and rank in c.dests and (not demand.reduce or c.id not in received):
-            ops.append(_Op("C", (-1, 0, 0, c.id), None, c.id))
+            ops.append(Op(OpKind.COPY, (-1, 0, 0, c.id), None, c.id))
     ops.sort(key=lambda o: o.key)
 
     # per-chunk history and forward relations (which receive wrote the value a send reads)
-    by_chunk: dict[int, list[_Op]] = {}
+    by_chunk: dict[int, list[Op]] = {}
     for op in ops:
         by_chunk.setdefault(op.chunk, []).append(op)
     weights: dict[tuple[int, int, int], int] = {}
     for history in by_chunk.values():
         last = None
         for op in history:
-            if op.kind == "S":
+            if op.kind is OpKind.SEND:
                 op.prev_write = last
-                if last is not None and last.kind == "R" and last.move.chan == op.move.chan:
+                if last is not None and last.kind is OpKind.RECV and last.move.chan == op.move.chan:
                     k = (op.move.chan, last.move.src, op.move.dst)
                     weights[k] = weights.get(k, 0) + 1
             else:
                 last = op
 
     # thread blocks
-    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind == "S"}
-    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind == "R"}
-    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind == "R" and o.move.slow)
+    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is OpKind.SEND}
+    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is OpKind.RECV}
+    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is OpKind.RECV and o.move.slow)
     tbs = pair_thread_blocks(sends, recvs, weights, slow)
-    if not tbs and any(o.kind == "C" for o in ops):
+    if not tbs and any(o.kind is OpKind.COPY for o in ops):
         tbs = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(tbs) if s >= 0}
     recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(tbs) if r >= 0}
     load = [0] * len(tbs)
     for op in ops:
-        if op.kind == "S":
+        if op.kind is OpKind.SEND:
             op.tb = send_tb[(op.move.chan, op.move.dst)]
-        elif op.kind == "R":
+        elif op.kind is OpKind.RECV:
             op.tb = recv_tb[(op.move.chan, op.move.src)]
         if op.tb >= 0:
             load[op.tb] += 1
     cpy_tb: dict[int, int] = {}
     for op in ops:
-        if op.kind == "C":
-            first_send = next((o for o in by_chunk[op.chunk] if o.kind == "S"), None)
+        if op.kind is OpKind.COPY:
+            first_send = next((o for o in by_chunk[op.chunk] if o.kind is OpKind.SEND), None)
             op.tb = first_send.tb if first_send else min(range(len(tbs)), key=lambda t: (load[t], t))
             load[op.tb] += 1
             cpy_tb[op.chunk] = op.tb
 
     # fusion: a receive followed in its tb by a send of the value it wrote
-    per_tb: list[list[_Op]] = [[] for _ in tbs]
+    per_tb: list[list[Op]] = [[] for _ in tbs]
     for op in ops:
         per_tb[op.tb].append(op)
-    units: list[tuple[tuple, int, list[_Op]]] = []
+    units: list[tuple[tuple, int, list[Op]]] = []
     for t, lst in enumerate(per_tb):
         i = 0
         while i < len(lst):
             op = lst[i]
             nxt = lst[i + 1] if i + 1 < len(lst) else None
-            if op.kind == "R" and nxt is not None and nxt.kind == "S" and nxt.prev_write is op:
+            if op.kind is OpKind.RECV and nxt is not None and nxt.kind is OpKind.SEND and nxt.prev_write is op:
                 units.append((op.key, t, [op, nxt]))
                 i += 2
             else:
@@ -220,7 +273,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     if not demand.reduce:
         cur = {c: ("i", i) for c, i in src_idx.items()}
     scratch: dict[int, int] = {}
-    em = _Emitter(len(tbs), alias)
+    em = _Emitter([DraftThreadBlock(s, r, ch) for s, r, ch in tbs], alias)
     send_at: dict[int, tuple[int, int]] = {}
     recv_at: dict[int, tuple[int, int]] = {}
 
@@ -240,15 +293,15 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
             raise LoweringError(f"lowering: rank {rank} chunk {c}: a partial sum is used after it was forwarded")
         return v
 
-    def needed_later(op: _Op, skip: _Op) -> bool:
+    def needed_later(op: Op, skip: Op) -> bool:
         """Whether the value `op` writes is read later at this rank (or is the rank's output)."""
         history = by_chunk[op.chunk]
         for later in history[history.index(op) + 1:]:
             if later is skip:
                 continue
-            if later.kind == "S" or (later.kind == "R" and later.move.reduce):
+            if later.kind is OpKind.SEND or (later.kind is OpKind.RECV and later.move.reduce):
                 return True
-            if later.kind == "R":
+            if later.kind is OpKind.RECV:
                 return False
         return op.chunk in dst_idx
 
@@ -256,19 +309,19 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     for _, t, unit in units:
         op = unit[0]
         c = op.chunk
-        if op.kind == "C":
+        if op.kind is OpKind.COPY:
             src, dst = ("i", src_idx[c]), ("o", dst_idx[c])
             em.emit(t, "cpy", src, dst, (src,), (dst,), clobbers=alias(src) != alias(dst))
             if demand.reduce:
                 cur[c] = dst
-        elif op.kind == "S":
+        elif op.kind is OpKind.SEND:
             v = operand(c) if demand.reduce else cur.get(c)
             if v is None:
                 raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {rank} sends chunk {c} "
                                     "before it holds it")
             if not demand.reduce and v == ("i", src_idx.get(c)) and cpy_tb.get(c) == t:
                 v = ("o", dst_idx[c])
-            idx = em.emit(t, "s", v, ("o", -1), (v,), (), after=last_send.get(op.move.lane) if pace else None)
+            idx = em.emit(t, "s", v, UNUSED, (v,), (), after=last_send.get(op.move.lane) if pace else None)
             send_at[op.move.pos] = (t, idx)
             last_send[op.move.lane] = (t, idx)
         else:
@@ -278,7 +331,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
             if fused is None:
                 d = landing(c)
                 if local is None:
-                    idx = em.emit(t, "r", ("o", -1), d, (), (d,))
+                    idx = em.emit(t, "r", UNUSED, d, (), (d,))
                 else:
                     idx = em.emit(t, "rrc", local, d, (local,), (d,))
                 cur[c] = d
@@ -291,11 +344,10 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                 idx = em.emit(t, "rrcs", local, d, (local,), (d,), after=after)
                 cur[c] = d
             else:
-                idx = em.emit(t, "rrs", local, ("o", -1), (local,), (), after=after)
+                idx = em.emit(t, "rrs", local, UNUSED, (local,), (), after=after)
                 cur[c] = CONSUMED
             recv_at[op.move.pos] = (t, idx)
             if fused is not None:
                 send_at[fused.move.pos] = (t, idx)
                 last_send[fused.move.lane] = (t, idx)
-    return RankCode(rank, [(s, r, ch, em.steps[i]) for i, (s, r, ch) in enumerate(tbs)], len(scratch),
-                    em.inplace_ok, send_at, recv_at)
+    return RankCode(rank, em.tbs, len(scratch), em.inplace_ok, send_at, recv_at)

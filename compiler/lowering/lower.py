@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from compiler.model.demand import Demand, inplace_alias
-from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
+from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.lowering.channels import Move, chunk_splits, first_split, parallel_lanes, place_moves
@@ -156,21 +156,18 @@ def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
 
 def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
     """Sends record where the receiver stores the data, receives where the sender read it."""
-    def step(rank: int, at: tuple[int, int]) -> list:
-        return codes[rank].tbs[at[0]][3][at[1]]
-
     sent_by = {(code.rank, at): pos for code in codes for pos, at in code.send_at.items()}
     by_pos = {m.pos: m for m in moves}
-    landing: dict[int, tuple[str, int]] = {}
+    landing: dict[int, Slot] = {}
 
-    def land(pos: int) -> tuple[str, int]:
+    def land(pos: int) -> Slot:
         chain = []
         while pos not in landing:
             m = by_pos[pos]
             at = codes[m.dst].recv_at[pos]
-            rs = step(m.dst, at)
-            if rs[0] != "rrs":
-                landing[pos] = (rs[3], rs[4])
+            rs = codes[m.dst].step(at)
+            if rs.type != "rrs":
+                landing[pos] = rs.dst
                 break
             chain.append(pos)
             pos = sent_by[(m.dst, at)]
@@ -179,17 +176,17 @@ def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
         return landing[chain[0] if chain else pos]
 
     for m in moves:
-        ss = step(m.src, codes[m.src].send_at[m.pos])
-        rs = step(m.dst, codes[m.dst].recv_at[m.pos])
-        if ss[0] in ("s", "rrs"):
-            ss[3], ss[4] = land(m.pos)
-        if rs[0] == "r":
-            rs[1], rs[2] = (ss[3], ss[4]) if ss[0] in ("rcs", "rrcs") else (ss[1], ss[2])
+        ss = codes[m.src].step(codes[m.src].send_at[m.pos])
+        rs = codes[m.dst].step(codes[m.dst].recv_at[m.pos])
+        if ss.type in ("s", "rrs"):
+            ss.dst = land(m.pos)
+        if rs.type == "r":
+            rs.src = ss.dst if ss.type in ("rcs", "rrcs") else ss.src
 
 
 def worst_thread_block(codes: list[RankCode]) -> tuple[int, int, int]:
     """(steps, rank, tb) of the longest thread block."""
-    return max(((len(tb[3]), code.rank, i) for code in codes for i, tb in enumerate(code.tbs)),
+    return max(((len(tb.steps), code.rank, i) for code in codes for i, tb in enumerate(code.tbs)),
                key=lambda x: (x[0], -x[1], -x[2]), default=(0, 0, 0))
 
 
@@ -248,10 +245,7 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
     if demand.collective == "custom":  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
         i_ch = o_ch = max(1, i_ch, o_ch)
     return tuple(
-        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks,
-                   tuple(ThreadBlock(i, s, r, ch, tuple(Step(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
-                                                             bool(x[8])) for x in steps))
-                         for i, (s, r, ch, steps) in enumerate(code.tbs)))
+        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks, tuple(tb.to_thread_block(i) for i, tb in enumerate(code.tbs)))
         for code in codes)
 
 
