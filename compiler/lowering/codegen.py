@@ -38,6 +38,9 @@ class OpKind(Enum):
     COPY = "C"  # a local copy i -> o of a chunk the rank both sources and keeps
 
 
+SEND, RECV, COPY = OpKind.SEND, OpKind.RECV, OpKind.COPY  # plain names: Enum attribute lookup is slow
+
+
 @dataclass(eq=False, slots=True)
 class Op:
     """A send, receive or copy at a rank. Mutable: its thread block and (for a send) the op that
@@ -53,10 +56,9 @@ class Op:
 
 @dataclass(slots=True)
 class DraftStep:
-    """A step under construction. Mutable, not rebuilt with dataclasses.replace: three of its fields
-    are settled after it is emitted, `hasdep` when a later step of another thread block waits on it,
-    and a send's dst (a receive's src) when every rank is generated (lower.fill_remote_fields);
-    each fix is one assignment where the step sits, and `to_step` freezes the result."""
+    """A step under construction. Mutable, not rebuilt with dataclasses.replace: `hasdep` is settled
+    when a later step waits on it, a send's dst (a receive's src) when every rank is generated
+    (lower.fill_remote_fields); each is one assignment in place. `to_step` freezes it."""
 
     type: str  # an MSCCL step type (compiler.model.program.STEP_TYPES)
     src: Slot
@@ -117,12 +119,12 @@ def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Dem
     """The rank's ops in key order: the send of each outgoing move, the receive of each incoming
     one, and a copy (keyed first) of each chunk it both sources and keeps, unless a reduction lands
     there."""
-    ops = [Op(OpKind.SEND, m.send_key, m, m.chunk) for m in moves_out]
-    ops += [Op(OpKind.RECV, m.recv_key, m, m.chunk) for m in moves_in]
+    ops = [Op(SEND, m.send_key, m, m.chunk) for m in moves_out]
+    ops += [Op(RECV, m.recv_key, m, m.chunk) for m in moves_in]
     received = {m.chunk for m in moves_in}
     for c in demand.chunks:
         if rank in c.sources and rank in c.dests and (not demand.reduce or c.id not in received):
-            ops.append(Op(OpKind.COPY, (-1, 0, 0, c.id), None, c.id))
+            ops.append(Op(COPY, (-1, 0, 0, c.id), None, c.id))
     ops.sort(key=lambda o: o.key)
     return ops
 
@@ -137,9 +139,9 @@ def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, i
     for history in by_chunk.values():
         last = None
         for op in history:
-            if op.kind is OpKind.SEND:
+            if op.kind is SEND:
                 op.prev_write = last
-                if last is not None and last.kind is OpKind.RECV and last.move.chan == op.move.chan:
+                if last is not None and last.kind is RECV and last.move.chan == op.move.chan:
                     k = (op.move.chan, last.move.src, op.move.dst)
                     weights[k] = weights.get(k, 0) + 1
             else:
@@ -151,26 +153,26 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
               ) -> tuple[list[DraftThreadBlock], dict[int, int]]:
     """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
     the chunk's first send (which then reads o), else the least loaded."""
-    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is OpKind.SEND}
-    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is OpKind.RECV}
-    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is OpKind.RECV and o.move.slow)
+    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
+    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
+    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
     peers = pair_thread_blocks(sends, recvs, weights, slow)
-    if not peers and any(o.kind is OpKind.COPY for o in ops):
+    if not peers and any(o.kind is COPY for o in ops):
         peers = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
     recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(peers) if r >= 0}
     load = [0] * len(peers)
     for op in ops:
-        if op.kind is OpKind.SEND:
+        if op.kind is SEND:
             op.tb = send_tb[(op.move.chan, op.move.dst)]
-        elif op.kind is OpKind.RECV:
+        elif op.kind is RECV:
             op.tb = recv_tb[(op.move.chan, op.move.src)]
         if op.tb >= 0:
             load[op.tb] += 1
     copy_tb: dict[int, int] = {}
     for op in ops:
-        if op.kind is OpKind.COPY:
-            first_send = next((o for o in by_chunk[op.chunk] if o.kind is OpKind.SEND), None)
+        if op.kind is COPY:
+            first_send = next((o for o in by_chunk[op.chunk] if o.kind is SEND), None)
             op.tb = first_send.tb if first_send else min(range(len(peers)), key=lambda t: (load[t], t))
             load[op.tb] += 1
             copy_tb[op.chunk] = op.tb
@@ -226,7 +228,7 @@ def fuse(ops: list[Op], ntb: int) -> list[Unit]:
         while i < len(lst):
             op = lst[i]
             nxt = lst[i + 1] if i + 1 < len(lst) else None
-            if op.kind is OpKind.RECV and nxt is not None and nxt.kind is OpKind.SEND and nxt.prev_write is op:
+            if op.kind is RECV and nxt is not None and nxt.kind is SEND and nxt.prev_write is op:
                 units.append(Unit(op, nxt))
                 i += 2
             else:
@@ -243,9 +245,8 @@ class _RankGen:
                  em: _Emitter, pace: bool):
         self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace = \
             rank, demand.reduce, by_chunk, copy_tb, em, pace
-        chunks = demand.chunks
-        self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in chunks if rank in c.sources}
-        self.dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in chunks if rank in c.dests}
+        self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in demand.chunks if rank in c.sources}
+        self.dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in demand.chunks if rank in c.dests}
         self.cur: dict[int, Slot | None] = {} if self.reduce else {c: ("i", i) for c, i in self.src_idx.items()}
         self.scratch: dict[int, int] = {}
         self.send_at: dict[int, tuple[int, int]] = {}
@@ -274,9 +275,9 @@ class _RankGen:
         for later in history[history.index(op) + 1:]:
             if later is skip:
                 continue
-            if later.kind is OpKind.SEND or (later.kind is OpKind.RECV and later.move.reduce):
+            if later.kind is SEND or (later.kind is RECV and later.move.reduce):
                 return True
-            if later.kind is OpKind.RECV:
+            if later.kind is RECV:
                 return False
         return op.chunk in self.dst_idx
 
@@ -289,9 +290,9 @@ class _RankGen:
 
     def emit(self, unit: Unit) -> None:
         op = unit.op
-        if op.kind is OpKind.COPY:
+        if op.kind is COPY:
             self.copy(op)
-        elif op.kind is OpKind.SEND:
+        elif op.kind is SEND:
             self.send(op)
         else:
             self.receive(op, unit.fused)
