@@ -80,16 +80,17 @@ def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, 
 def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
                 instances: int, slots: int, topology: Topology) -> list[Move]:
     k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
+    fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
     moves = []
     for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
         chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
+        first = topology.link_id(t.path[0], t.path[1])
+        slow = topology.path_bandwidth(t.path) < fastest
         for i in range(k):
             key = (t.src, t.dst, chan0 + i, lvl)
             j = seen.get(key, 0)
             seen[key] = j + 1
-            first = topology.link_id(t.path[0], t.path[1])
-            slow = topology.path_bandwidth(t.path) < topology.fastest_bandwidth
             moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group,
                               (first, chan0 + i), slow))
     return moves
