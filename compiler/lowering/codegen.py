@@ -1,87 +1,191 @@
 """Code generation for one rank: thread blocks, fused steps, buffer offsets and dependencies.
 
-Input: the rank's moves (transfers after channel assignment, see compiler/lowering.py), each with a
-key. The keys of all ranks form one global order; a move's send and its receive have keys that
-differ only in the side bit (send first). Every thread block runs its steps in key order, which is
-what makes the program deadlock free (see lowering.py, "Why the order is safe").
+Input: the rank's moves (transfers after channel placement, compiler/lowering/channels.py), each
+with a key. The keys of all ranks form one global order; a move's send and its receive have keys
+that differ only in the side bit (send first). Every thread block runs its steps in key order,
+which is what makes the program deadlock free (compiler/lowering/lower.py, "Why the order is safe").
 
-Per rank:
-1. ops: S (send of a move), R (receive of a move), C (local copy i -> o, key before everything);
-2. thread blocks: one per (send peer, recv peer, channel); per channel the send and receive
-   connections are paired to maximise forwards that can fuse, then same-peer pairs, then the rest;
-3. fusion: R followed directly in its tb by an S of the value it wrote becomes rcs / rrcs / rrs;
-4. steps are emitted in key order (a fused op at its receive's key); each step waits on the last
-   writer of every slot it reads and, for a slot it writes, on that slot's last writer and readers
-   in other thread blocks (RAW, WAW, WAR). Waits already implied by earlier waits (vector clocks)
-   are dropped; the rest become nops before the step, the step carrying the last one.
+Per rank (`lower_rank`), one function each: `rank_ops` (sends, receives, local copies i -> o),
+`link_forwards` (which op wrote the value each send reads), `place_ops` (thread blocks, paired by
+`pair_thread_blocks`), `fuse` (a receive and the send of the value it wrote become one rcs / rrcs /
+rrs step), then `_RankGen` emits the steps in key order (a fused op at its receive's key) and
+`_Emitter` gives each step its dependencies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable
 
+from compiler.lowering.channels import Move
 from compiler.model.demand import Demand
+from compiler.model.program import Step, ThreadBlock
 from compiler.specs.errors import CompileError
 
 Slot = tuple[str, int]  # (buffer, chunk offset)
-CONSUMED = ("-", -1)  # a partial sent by rrs and stored nowhere
+UNUSED: Slot = ("o", -1)  # a field the step does not use (lower.fill_remote_fields fills some, §3)
+CONSUMED: Slot = ("-", -1)  # a partial sent by rrs and stored nowhere
 
 
 class LoweringError(CompileError):
     """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
 
 
-@dataclass(frozen=True)
-class Move:
-    """One GPU-to-GPU transfer as the lowering places it."""
+class OpKind(Enum):
+    SEND = "S"  # the send of a move
+    RECV = "R"  # the receive of a move
+    COPY = "C"  # a local copy i -> o of a chunk the rank both sources and keeps
 
-    pos: int  # index in the (instance-expanded) schedule order
+
+SEND, RECV, COPY = OpKind.SEND, OpKind.RECV, OpKind.COPY  # plain names: Enum attribute lookup is slow
+
+
+@dataclass(eq=False, slots=True)
+class Op:
+    """A send, receive or copy at a rank. Mutable: its thread block and (for a send) the op that
+    wrote the value it sends are found after all ops exist. Compared by identity."""
+
+    kind: OpKind
+    key: tuple[int, int, int, int]  # Move.send_key / recv_key; (-1, 0, 0, chunk) for a copy
+    move: Move | None  # None for a copy
     chunk: int
-    src: int
-    dst: int
-    reduce: bool
-    level: int  # data-dependency level (lowering.py): sends and receives are ordered by it
+    tb: int = -1
+    prev_write: Op | None = None  # for a send: the op that last wrote the value it sends
+
+
+@dataclass(slots=True)
+class DraftStep:
+    """A step under construction. Mutable, not rebuilt with dataclasses.replace: `hasdep` is settled
+    when a later step waits on it, a send's dst (a receive's src) when every rank is generated
+    (lower.fill_remote_fields); each is one assignment in place. `to_step` freezes it."""
+
+    type: str  # an MSCCL step type (compiler.model.program.STEP_TYPES)
+    src: Slot
+    dst: Slot
+    cnt: int = 1
+    depid: int = -1
+    deps: int = -1
+    hasdep: bool = False
+
+    def to_step(self) -> Step:
+        return Step(self.type, self.src[0], self.src[1], self.dst[0], self.dst[1], self.cnt, self.depid, self.deps,
+                    self.hasdep)
+
+
+@dataclass(slots=True)
+class DraftThreadBlock:
+    """A thread block under construction: peers and channel fixed, steps appended in key order."""
+
+    send: int  # peer rank, -1 for none
+    recv: int
     chan: int
-    sub: int = 0  # splits a level on one connection so no more than slots-1 share one group
-    lane: tuple[int, int] = (-1, -1)  # (first link of the path, channel): sends on one lane are paced
-    slow: bool = False  # the path is slower than the fastest link (its receive waits many epochs)
+    steps: list[DraftStep] = field(default_factory=list)
 
-    @property
-    def send_key(self) -> tuple[int, int, int, int]:
-        return (self.level, self.sub, 0, self.pos)
-
-    @property
-    def recv_key(self) -> tuple[int, int, int, int]:
-        return (self.level, self.sub, 1, self.pos)
+    def to_thread_block(self, id: int) -> ThreadBlock:
+        return ThreadBlock(id, self.send, self.recv, self.chan, tuple(s.to_step() for s in self.steps))
 
 
-class _Op:
-    __slots__ = ("kind", "key", "move", "chunk", "tb", "prev_write")
-
-    def __init__(self, kind: str, key: tuple, move: Move | None, chunk: int):
-        self.kind, self.key, self.move, self.chunk = kind, key, move, chunk
-        self.tb = -1
-        self.prev_write: _Op | None = None  # for S: the op that last wrote the value it sends
-
-
-@dataclass
+@dataclass(frozen=True)
 class RankCode:
+    """One rank's generated code; its drafts stay open for lower.fill_remote_fields."""
+
     rank: int
-    tbs: list[tuple[int, int, int, list[list]]]  # (send, recv, chan, steps as mutable lists)
+    tbs: list[DraftThreadBlock]
     s_chunks: int
     inplace_ok: bool
     send_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that sends it
     recv_at: dict[int, tuple[int, int]]  # move pos -> (tb, step index) of the step that receives it
+
+    def step(self, at: tuple[int, int]) -> DraftStep:
+        return self.tbs[at[0]].steps[at[1]]
+
+
+def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
+               alias: Callable[[Slot], Slot], pace: bool = True) -> RankCode:
+    """With `pace`, a send waits for the previous send on the same outgoing link and channel, so
+    the GPU feeds each link in the schedule's order, one transfer at a time, as the planner timed
+    it; without it, concurrent thread blocks share the link in whatever order they run."""
+    ops = rank_ops(rank, moves_out, moves_in, demand)
+    by_chunk, weights = link_forwards(ops)
+    tbs, copy_tb = place_ops(ops, by_chunk, weights)
+    gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias), pace)
+    for unit in fuse(ops, len(tbs)):
+        gen.emit(unit)
+    return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
+
+
+def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand) -> list[Op]:
+    """The rank's ops in key order: the send of each outgoing move, the receive of each incoming
+    one, and a copy (keyed first) of each chunk it both sources and keeps, unless a reduction lands
+    there."""
+    ops = [Op(SEND, m.send_key, m, m.chunk) for m in moves_out]
+    ops += [Op(RECV, m.recv_key, m, m.chunk) for m in moves_in]
+    received = {m.chunk for m in moves_in}
+    for c in demand.chunks:
+        if rank in c.sources and rank in c.dests and (not demand.reduce or c.id not in received):
+            ops.append(Op(COPY, (-1, 0, 0, c.id), None, c.id))
+    ops.sort(key=lambda o: o.key)
+    return ops
+
+
+def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, int, int], int]]:
+    """Each chunk's ops in key order, and the forwards: sets each send's `prev_write` and counts,
+    per (chan, recv peer, send peer), the receives whose value a send on the same channel forwards."""
+    by_chunk: dict[int, list[Op]] = {}
+    for op in ops:
+        by_chunk.setdefault(op.chunk, []).append(op)
+    weights: dict[tuple[int, int, int], int] = {}
+    for history in by_chunk.values():
+        last = None
+        for op in history:
+            if op.kind is SEND:
+                op.prev_write = last
+                if last is not None and last.kind is RECV and last.move.chan == op.move.chan:
+                    k = (op.move.chan, last.move.src, op.move.dst)
+                    weights[k] = weights.get(k, 0) + 1
+            else:
+                last = op
+    return by_chunk, weights
+
+
+def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int]
+              ) -> tuple[list[DraftThreadBlock], dict[int, int]]:
+    """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
+    the chunk's first send (which then reads o), else the least loaded."""
+    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
+    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
+    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
+    peers = pair_thread_blocks(sends, recvs, weights, slow)
+    if not peers and any(o.kind is COPY for o in ops):
+        peers = [(-1, -1, 0)]
+    send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
+    recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(peers) if r >= 0}
+    load = [0] * len(peers)
+    for op in ops:
+        if op.kind is SEND:
+            op.tb = send_tb[(op.move.chan, op.move.dst)]
+        elif op.kind is RECV:
+            op.tb = recv_tb[(op.move.chan, op.move.src)]
+        if op.tb >= 0:
+            load[op.tb] += 1
+    copy_tb: dict[int, int] = {}
+    for op in ops:
+        if op.kind is COPY:
+            first_send = next((o for o in by_chunk[op.chunk] if o.kind is SEND), None)
+            op.tb = first_send.tb if first_send else min(range(len(peers)), key=lambda t: (load[t], t))
+            load[op.tb] += 1
+            copy_tb[op.chunk] = op.tb
+    return [DraftThreadBlock(s, r, ch) for s, r, ch in peers], copy_tb
 
 
 def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                        weights: dict[tuple[int, int, int], int],
                        slow: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
-    weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. A receive
-    over a slow path (in `slow`) gets a thread block of its own: sends placed behind it in a shared
-    thread block would wait many epochs for it."""
+    weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. Per channel:
+    a receive over a slow path (in `slow`) gets a thread block of its own (sends placed behind it
+    would wait many epochs for it), then pairs by weight, then same-peer pairs, then the rest."""
     tbs = []
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
@@ -104,11 +208,145 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     return sorted(tbs)
 
 
-class _Emitter:
-    """Appends steps to thread blocks and derives their dependencies."""
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What one step does: an op, or a receive fused with the send of the value it wrote."""
 
-    def __init__(self, ntb: int, alias: Callable[[Slot], Slot]):
-        self.steps: list[list[list]] = [[] for _ in range(ntb)]
+    op: Op
+    fused: Op | None = None  # the send a receive is fused with
+
+
+def fuse(ops: list[Op], ntb: int) -> list[Unit]:
+    """Units in key order: a receive followed directly in its thread block by a send of the value
+    it wrote is one unit (one step, at the receive's key)."""
+    per_tb: list[list[Op]] = [[] for _ in range(ntb)]
+    for op in ops:
+        per_tb[op.tb].append(op)
+    units: list[Unit] = []
+    for lst in per_tb:
+        i = 0
+        while i < len(lst):
+            op = lst[i]
+            nxt = lst[i + 1] if i + 1 < len(lst) else None
+            if op.kind is RECV and nxt is not None and nxt.kind is SEND and nxt.prev_write is op:
+                units.append(Unit(op, nxt))
+                i += 2
+            else:
+                units.append(Unit(op))
+                i += 1
+    units.sort(key=lambda u: u.op.key)
+    return units
+
+
+class _RankGen:
+    """Emits one rank's units in key order, tracking where each chunk's current value lives."""
+
+    def __init__(self, rank: int, demand: Demand, by_chunk: dict[int, list[Op]], copy_tb: dict[int, int],
+                 em: _Emitter, pace: bool):
+        self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace = \
+            rank, demand.reduce, by_chunk, copy_tb, em, pace
+        self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in demand.chunks if rank in c.sources}
+        self.dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in demand.chunks if rank in c.dests}
+        self.cur: dict[int, Slot | None] = {} if self.reduce else {c: ("i", i) for c, i in self.src_idx.items()}
+        self.scratch: dict[int, int] = {}
+        self.send_at: dict[int, tuple[int, int]] = {}
+        self.recv_at: dict[int, tuple[int, int]] = {}
+        self.last_send: dict[tuple[int, int], tuple[int, int]] = {}  # lane -> its last send step
+
+    def landing(self, c: int) -> Slot:
+        if c in self.dst_idx:
+            return ("o", self.dst_idx[c])
+        if c not in self.scratch:
+            self.scratch[c] = len(self.scratch)
+        return ("s", self.scratch[c])
+
+    def operand(self, c: int) -> Slot | None:
+        """The local value a reduce receipt combines with (None: nothing to combine)."""
+        v = self.cur.get(c)
+        if v is None and self.reduce and c in self.src_idx:
+            return ("i", self.src_idx[c])
+        if v == CONSUMED:
+            raise LoweringError(f"lowering: rank {self.rank} chunk {c}: a partial sum is used after it was forwarded")
+        return v
+
+    def needed_later(self, op: Op, skip: Op) -> bool:
+        """Whether the value `op` writes is read later at this rank (or is the rank's output)."""
+        history = self.by_chunk[op.chunk]
+        for later in history[history.index(op) + 1:]:
+            if later is skip:
+                continue
+            if later.kind is SEND or (later.kind is RECV and later.move.reduce):
+                return True
+            if later.kind is RECV:
+                return False
+        return op.chunk in self.dst_idx
+
+    def paced(self, send: Op) -> tuple[int, int] | None:
+        return self.last_send.get(send.move.lane) if self.pace else None
+
+    def sent(self, send: Op, at: tuple[int, int]) -> None:
+        self.send_at[send.move.pos] = at
+        self.last_send[send.move.lane] = at
+
+    def emit(self, unit: Unit) -> None:
+        op = unit.op
+        if op.kind is COPY:
+            self.copy(op)
+        elif op.kind is SEND:
+            self.send(op)
+        else:
+            self.receive(op, unit.fused)
+
+    def copy(self, op: Op) -> None:
+        c = op.chunk
+        src, dst = ("i", self.src_idx[c]), ("o", self.dst_idx[c])
+        self.em.emit(op.tb, "cpy", src, dst, (src,), (dst,), clobbers=self.em.alias(src) != self.em.alias(dst))
+        if self.reduce:
+            self.cur[c] = dst
+
+    def send(self, op: Op) -> None:
+        c, t = op.chunk, op.tb
+        v = self.operand(c) if self.reduce else self.cur.get(c)
+        if v is None:
+            raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {self.rank} sends chunk {c} "
+                                "before it holds it")
+        if not self.reduce and v == ("i", self.src_idx.get(c)) and self.copy_tb.get(c) == t:
+            v = ("o", self.dst_idx[c])
+        self.sent(op, (t, self.em.emit(t, "s", v, UNUSED, (v,), (), after=self.paced(op))))
+
+    def receive(self, op: Op, fused: Op | None) -> None:
+        """A receive, alone (r, rrc) or fused with the send of its value (rcs, rrcs, or rrs when the
+        partial sum is needed nowhere else)."""
+        c, t, em = op.chunk, op.tb, self.em
+        local = self.operand(c) if op.move.reduce else None
+        if fused is not None and local is not None and not self.needed_later(op, fused):
+            idx = em.emit(t, "rrs", local, UNUSED, (local,), (), after=self.paced(fused))
+            self.cur[c] = CONSUMED
+        else:
+            d = self.landing(c)
+            if fused is None and local is None:
+                idx = em.emit(t, "r", UNUSED, d, (), (d,))
+            elif fused is None:
+                idx = em.emit(t, "rrc", local, d, (local,), (d,))
+            elif local is None:
+                idx = em.emit(t, "rcs", d, d, (), (d,), after=self.paced(fused))
+            else:
+                idx = em.emit(t, "rrcs", local, d, (local,), (d,), after=self.paced(fused))
+            self.cur[c] = d
+        self.recv_at[op.move.pos] = (t, idx)
+        if fused is not None:
+            self.sent(fused, (t, idx))
+
+
+class _Emitter:
+    """Appends steps to thread blocks and derives their dependencies: a step waits on the last writer
+    of every slot it reads and, for a slot it writes, on that slot's last writer and readers in other
+    thread blocks (RAW, WAW, WAR). Waits already implied by earlier waits (vector clocks) are
+    dropped; the rest become nops before the step, the step carrying the last one."""
+
+    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot]):
+        self.tbs = tbs
+        ntb = len(tbs)
         self.known = [[-1] * ntb for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
         self.snap: dict[tuple[int, int], list[int]] = {}
         self.alias = alias
@@ -129,7 +367,6 @@ class _Emitter:
                 need[target[0]] = target[1]
 
         want(after)
-
         reads_n = [self.alias(s) for s in reads]
         writes_n = [self.alias(s) for s in writes]
         for s in reads_n:
@@ -140,15 +377,15 @@ class _Emitter:
                 want(r)
         known = self.known[tb]
         deps = sorted((d, k) for d, k in need.items() if known[d] < k)
-        steps = self.steps[tb]
+        steps = self.tbs[tb].steps
         for d, k in deps[:-1]:
-            steps.append(["nop", "o", -1, "o", -1, 0, d, k, 0])
+            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k))
         depid, depstep = deps[-1] if deps else (-1, -1)
         for d, k in deps:
-            self.steps[d][k][8] = 1  # hasdep on the target
+            self.tbs[d].steps[k].hasdep = True
             known[:] = [max(a, b) for a, b in zip(known, self.snap[(d, k)])]
         idx = len(steps)
-        steps.append([kind, src[0], src[1], dst[0], dst[1], 1, depid, depstep, 0])
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep))
         known[tb] = idx
         self.snap[(tb, idx)] = list(known)
         for s, orig in zip(reads_n, reads):
@@ -161,164 +398,3 @@ class _Emitter:
             if clobbers:
                 self.clobbered.add(s)
         return idx
-
-
-def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
-               alias: Callable[[Slot], Slot], pace: bool = True) -> RankCode:
-    """With `pace`, a send waits for the previous send on the same outgoing link and channel, so
-    the GPU feeds each link in the schedule's order, one transfer at a time, as the planner timed
-    it; without it, concurrent thread blocks share the link in whatever order they run."""
-    chunks = demand.chunks
-    ops = [_Op("S", m.send_key, m, m.chunk) for m in moves_out]
-    ops += [_Op("R", m.recv_key, m, m.chunk) for m in moves_in]
-    received = {m.chunk for m in moves_in}
-    for c in chunks:
-        if rank in c.sources and rank in c.dests and (not demand.reduce or c.id not in received):
-            ops.append(_Op("C", (-1, 0, 0, c.id), None, c.id))
-    ops.sort(key=lambda o: o.key)
-
-    # per-chunk history and forward relations (which receive wrote the value a send reads)
-    by_chunk: dict[int, list[_Op]] = {}
-    for op in ops:
-        by_chunk.setdefault(op.chunk, []).append(op)
-    weights: dict[tuple[int, int, int], int] = {}
-    for history in by_chunk.values():
-        last = None
-        for op in history:
-            if op.kind == "S":
-                op.prev_write = last
-                if last is not None and last.kind == "R" and last.move.chan == op.move.chan:
-                    k = (op.move.chan, last.move.src, op.move.dst)
-                    weights[k] = weights.get(k, 0) + 1
-            else:
-                last = op
-
-    # thread blocks
-    sends = {(o.move.chan, o.move.dst) for o in ops if o.kind == "S"}
-    recvs = {(o.move.chan, o.move.src) for o in ops if o.kind == "R"}
-    slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind == "R" and o.move.slow)
-    tbs = pair_thread_blocks(sends, recvs, weights, slow)
-    if not tbs and any(o.kind == "C" for o in ops):
-        tbs = [(-1, -1, 0)]
-    send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(tbs) if s >= 0}
-    recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(tbs) if r >= 0}
-    load = [0] * len(tbs)
-    for op in ops:
-        if op.kind == "S":
-            op.tb = send_tb[(op.move.chan, op.move.dst)]
-        elif op.kind == "R":
-            op.tb = recv_tb[(op.move.chan, op.move.src)]
-        if op.tb >= 0:
-            load[op.tb] += 1
-    cpy_tb: dict[int, int] = {}
-    for op in ops:
-        if op.kind == "C":
-            first_send = next((o for o in by_chunk[op.chunk] if o.kind == "S"), None)
-            op.tb = first_send.tb if first_send else min(range(len(tbs)), key=lambda t: (load[t], t))
-            load[op.tb] += 1
-            cpy_tb[op.chunk] = op.tb
-
-    # fusion: a receive followed in its tb by a send of the value it wrote
-    per_tb: list[list[_Op]] = [[] for _ in tbs]
-    for op in ops:
-        per_tb[op.tb].append(op)
-    units: list[tuple[tuple, int, list[_Op]]] = []
-    for t, lst in enumerate(per_tb):
-        i = 0
-        while i < len(lst):
-            op = lst[i]
-            nxt = lst[i + 1] if i + 1 < len(lst) else None
-            if op.kind == "R" and nxt is not None and nxt.kind == "S" and nxt.prev_write is op:
-                units.append((op.key, t, [op, nxt]))
-                i += 2
-            else:
-                units.append((op.key, t, [op]))
-                i += 1
-    units.sort(key=lambda u: u[0])
-
-    # emission in key order
-    src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in chunks if rank in c.sources}
-    dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in chunks if rank in c.dests}
-    cur: dict[int, Slot | None] = {}
-    if not demand.reduce:
-        cur = {c: ("i", i) for c, i in src_idx.items()}
-    scratch: dict[int, int] = {}
-    em = _Emitter(len(tbs), alias)
-    send_at: dict[int, tuple[int, int]] = {}
-    recv_at: dict[int, tuple[int, int]] = {}
-
-    def landing(c: int) -> Slot:
-        if c in dst_idx:
-            return ("o", dst_idx[c])
-        if c not in scratch:
-            scratch[c] = len(scratch)
-        return ("s", scratch[c])
-
-    def operand(c: int) -> Slot | None:
-        """The local value a reduce receipt combines with (None: nothing to combine)."""
-        v = cur.get(c)
-        if v is None and demand.reduce and c in src_idx:
-            return ("i", src_idx[c])
-        if v == CONSUMED:
-            raise LoweringError(f"lowering: rank {rank} chunk {c}: a partial sum is used after it was forwarded")
-        return v
-
-    def needed_later(op: _Op, skip: _Op) -> bool:
-        """Whether the value `op` writes is read later at this rank (or is the rank's output)."""
-        history = by_chunk[op.chunk]
-        for later in history[history.index(op) + 1:]:
-            if later is skip:
-                continue
-            if later.kind == "S" or (later.kind == "R" and later.move.reduce):
-                return True
-            if later.kind == "R":
-                return False
-        return op.chunk in dst_idx
-
-    last_send: dict[tuple[int, int], tuple[int, int]] = {}
-    for _, t, unit in units:
-        op = unit[0]
-        c = op.chunk
-        if op.kind == "C":
-            src, dst = ("i", src_idx[c]), ("o", dst_idx[c])
-            em.emit(t, "cpy", src, dst, (src,), (dst,), clobbers=alias(src) != alias(dst))
-            if demand.reduce:
-                cur[c] = dst
-        elif op.kind == "S":
-            v = operand(c) if demand.reduce else cur.get(c)
-            if v is None:
-                raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {rank} sends chunk {c} "
-                                    "before it holds it")
-            if not demand.reduce and v == ("i", src_idx.get(c)) and cpy_tb.get(c) == t:
-                v = ("o", dst_idx[c])
-            idx = em.emit(t, "s", v, ("o", -1), (v,), (), after=last_send.get(op.move.lane) if pace else None)
-            send_at[op.move.pos] = (t, idx)
-            last_send[op.move.lane] = (t, idx)
-        else:
-            local = operand(c) if op.move.reduce else None
-            fused = unit[1] if len(unit) == 2 else None
-            after = last_send.get(fused.move.lane) if pace and fused is not None else None
-            if fused is None:
-                d = landing(c)
-                if local is None:
-                    idx = em.emit(t, "r", ("o", -1), d, (), (d,))
-                else:
-                    idx = em.emit(t, "rrc", local, d, (local,), (d,))
-                cur[c] = d
-            elif local is None:
-                d = landing(c)
-                idx = em.emit(t, "rcs", d, d, (), (d,), after=after)
-                cur[c] = d
-            elif needed_later(op, fused):
-                d = landing(c)
-                idx = em.emit(t, "rrcs", local, d, (local,), (d,), after=after)
-                cur[c] = d
-            else:
-                idx = em.emit(t, "rrs", local, ("o", -1), (local,), (), after=after)
-                cur[c] = CONSUMED
-            recv_at[op.move.pos] = (t, idx)
-            if fused is not None:
-                send_at[fused.move.pos] = (t, idx)
-                last_send[fused.move.lane] = (t, idx)
-    return RankCode(rank, [(s, r, ch, em.steps[i]) for i, (s, r, ch) in enumerate(tbs)], len(scratch),
-                    em.inplace_ok, send_at, recv_at)

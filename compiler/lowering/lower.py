@@ -6,13 +6,10 @@ Pipeline (one function each):
 2. `transfer_levels`: a level per transfer, its start epoch raised so that, at each rank and chunk,
    a send comes after the receive that wrote the value (RAW), and a receive after every earlier
    send (WAR) and receive (WAW) of that chunk there, all in schedule order.
-3. `parallel_lanes`, `chunk_splits`, `place_moves`: channels. Transfers that a pair of GPUs runs
-   at the same level over a path of parallel links (count > 1) take lanes 0..count-1; with
-   `instances` k every transfer becomes k sub-chunk transfers (chunk*k + i) on k channels; when a
-   thread block would exceed the runtime's step limit, chunks are spread over `split` more channel
-   groups (a whole chunk keeps one group, so its forwards still fuse). chan = i + k*(lane + P*j).
-   Each move then gets a `sub` group: at most slots-1 moves of one level per connection share one.
-4. `lower_rank` (compiler/lowering_tb.py): thread blocks, fused steps, offsets, dependencies.
+3. `parallel_lanes`, `first_split`, `chunk_splits`, `place_moves` (compiler/lowering/channels.py):
+   each transfer becomes `instances` moves, each with a channel (lane, instance, channel group)
+   and a `sub` group of its level; `lower` widens the channel groups until thread blocks fit.
+4. `lower_rank` (compiler/lowering/codegen.py): thread blocks, fused steps, offsets, dependencies.
 5. `fill_remote_fields`: the msccl-xml.md §3 convention for the fields a step does not use.
 6. `check_limits`, then the Program.
 
@@ -44,10 +41,11 @@ from compiler.specs.collectives import inplace_alias
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
                                     MAX_TBS_PER_CHANNEL, limits_for, target_runtimes)
-from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program, Step, ThreadBlock
+from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
-from compiler.lowering.codegen import LoweringError, Move, RankCode, Slot, lower_rank
+from compiler.lowering.channels import Move, chunk_splits, first_split, parallel_lanes, place_moves
+from compiler.lowering.codegen import LoweringError, RankCode, Slot, lower_rank
 
 __all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 
@@ -151,70 +149,6 @@ def transfer_levels(schedule: Schedule) -> list[int]:
     return levels
 
 
-# ---- 3: channels ---------------------------------------------------------------------------------
-
-
-def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) -> list[int]:
-    """Lane of each transfer: its index among the transfers of its GPU pair and level, modulo the
-    path's parallel link count."""
-    seen: dict[tuple[int, int, int], int] = {}
-    lanes = []
-    for t, lvl in zip(schedule.transfers, levels):
-        count = min(topology.link(a, b).count for a, b in zip(t.path, t.path[1:]))
-        key = (t.src, t.dst, lvl)
-        k = seen.get(key, 0)
-        seen[key] = k + 1
-        lanes.append(k % max(1, count))
-    return lanes
-
-
-def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, int]:
-    """Channel group of each chunk (0..split-1): greedy, least loaded connection first."""
-    if split == 1:
-        return {}
-    conns: dict[int, list[tuple[int, int, int]]] = {}
-    for t, lane in zip(schedule.transfers, lanes):
-        conns.setdefault(t.chunk, []).append((t.src, t.dst, lane))
-    load: dict[tuple, int] = {}
-    out = {}
-    for c in sorted(conns):
-        def cost(j: int) -> tuple[int, int, int]:
-            loads = [load.get((k, j), 0) for k in conns[c]]
-            return (max(loads), sum(loads), j)
-        j = min(range(split), key=cost)
-        for k in conns[c]:
-            load[(k, j)] = load.get((k, j), 0) + 1
-        out[c] = j
-    return out
-
-
-def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
-                instances: int, slots: int, topology: Topology) -> list[Move]:
-    k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
-    seen: dict[tuple[int, int, int, int], int] = {}
-    moves = []
-    for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
-        chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
-        for i in range(k):
-            key = (t.src, t.dst, chan0 + i, lvl)
-            j = seen.get(key, 0)
-            seen[key] = j + 1
-            first = topology.link_id(t.path[0], t.path[1])
-            slow = topology.path_bandwidth(t.path) < topology.fastest_bandwidth
-            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group,
-                              (first, chan0 + i), slow))
-    return moves
-
-
-def first_split(schedule: Schedule, lanes: list[int], max_steps: int) -> int:
-    """Channel groups at least needed: a thread block holds every send of its connection."""
-    per_conn: dict[tuple[int, int, int], int] = {}
-    for t, lane in zip(schedule.transfers, lanes):
-        key = (t.src, t.dst, lane)
-        per_conn[key] = per_conn.get(key, 0) + 1
-    return max(1, math.ceil(max(per_conn.values(), default=0) / max_steps))
-
-
 # ---- 4-6: ranks, remote fields, limits --------------------------------------------------------------
 
 
@@ -226,21 +160,18 @@ def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
 
 def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
     """Sends record where the receiver stores the data, receives where the sender read it."""
-    def step(rank: int, at: tuple[int, int]) -> list:
-        return codes[rank].tbs[at[0]][3][at[1]]
-
     sent_by = {(code.rank, at): pos for code in codes for pos, at in code.send_at.items()}
     by_pos = {m.pos: m for m in moves}
-    landing: dict[int, tuple[str, int]] = {}
+    landing: dict[int, Slot] = {}
 
-    def land(pos: int) -> tuple[str, int]:
+    def land(pos: int) -> Slot:
         chain = []
         while pos not in landing:
             m = by_pos[pos]
             at = codes[m.dst].recv_at[pos]
-            rs = step(m.dst, at)
-            if rs[0] != "rrs":
-                landing[pos] = (rs[3], rs[4])
+            rs = codes[m.dst].step(at)
+            if rs.type != "rrs":
+                landing[pos] = rs.dst
                 break
             chain.append(pos)
             pos = sent_by[(m.dst, at)]
@@ -249,17 +180,17 @@ def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
         return landing[chain[0] if chain else pos]
 
     for m in moves:
-        ss = step(m.src, codes[m.src].send_at[m.pos])
-        rs = step(m.dst, codes[m.dst].recv_at[m.pos])
-        if ss[0] in ("s", "rrs"):
-            ss[3], ss[4] = land(m.pos)
-        if rs[0] == "r":
-            rs[1], rs[2] = (ss[3], ss[4]) if ss[0] in ("rcs", "rrcs") else (ss[1], ss[2])
+        ss = codes[m.src].step(codes[m.src].send_at[m.pos])
+        rs = codes[m.dst].step(codes[m.dst].recv_at[m.pos])
+        if ss.type in ("s", "rrs"):
+            ss.dst = land(m.pos)
+        if rs.type == "r":
+            rs.src = ss.dst if ss.type in ("rcs", "rrcs") else ss.src
 
 
 def worst_thread_block(codes: list[RankCode]) -> tuple[int, int, int]:
     """(steps, rank, tb) of the longest thread block."""
-    return max(((len(tb[3]), code.rank, i) for code in codes for i, tb in enumerate(code.tbs)),
+    return max(((len(tb.steps), code.rank, i) for code in codes for i, tb in enumerate(code.tbs)),
                key=lambda x: (x[0], -x[1], -x[2]), default=(0, 0, 0))
 
 
@@ -318,10 +249,7 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
     if demand.collective == "custom":  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
         i_ch = o_ch = max(1, i_ch, o_ch)
     return tuple(
-        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks,
-                   tuple(ThreadBlock(i, s, r, ch, tuple(Step(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
-                                                             bool(x[8])) for x in steps))
-                         for i, (s, r, ch, steps) in enumerate(code.tbs)))
+        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks, tuple(tb.to_thread_block(i) for i, tb in enumerate(code.tbs)))
         for code in codes)
 
 
