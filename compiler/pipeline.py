@@ -25,7 +25,7 @@ from compiler.program.timing import ProgramTiming, call_bytes, time_program
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import CompileError
-from compiler.specs.runtimes import ALL, target_runtimes, twin_runtime
+from compiler.specs.runtimes import ALL, DEFAULT, target_runtimes, twin_runtime
 from compiler.specs.units import format_size
 
 MULTICAST_SKIP = "switch multicast (NVLS) has no MSCCL XML form; plan without `multicast` to get XML"
@@ -174,7 +174,7 @@ class LibraryOptions:
     method: str = "auto"
     time_limit: float = 10.0  # per band
     proto: str = "auto"  # or one protocol for every band
-    runtime: str = "executor"
+    runtime: str = DEFAULT
     progress: object = None
 
 

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 from compiler.analysis.bounds import Bound, bound_for, busbw, lower_bound
 from compiler.model.demand import Demand
+from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
@@ -62,7 +63,7 @@ class Metrics:
 
 
 def _bound(topo: Topology, demand: Demand) -> Bound:
-    if demand.collective == "custom":
+    if demand.collective == CUSTOM:
         return _custom_bound(topo, demand)
     # the bound depends on the collective and size, not on how the buffer is cut into chunks
     return _standard_bound(topo, demand.collective, demand.size_bytes, demand.root)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from compiler.model.demand import Demand
-from compiler.specs.collectives import inplace_alias
+from compiler.specs.collectives import CUSTOM, inplace_alias
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
                                     MAX_TBS_PER_CHANNEL, limits_for, target_runtimes)
@@ -246,7 +246,7 @@ def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, n
 
 def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
     i_ch, o_ch = demand.input_chunks, demand.output_chunks
-    if demand.collective == "custom":  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
+    if demand.collective == CUSTOM:  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
         i_ch = o_ch = max(1, i_ch, o_ch)
     return tuple(
         GpuProgram(code.rank, i_ch, o_ch, code.s_chunks, tuple(tb.to_thread_block(i) for i, tb in enumerate(code.tbs)))
@@ -320,4 +320,4 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         nchunksperloop=max(1, demand.input_chunks, demand.output_chunks),
         nchannels=max((tb.chan for g in gpus for tb in g.tbs), default=0) + 1, gpus=gpus, proto=options.proto,
         inplace=inplace_ok, outofplace=True, min_bytes=options.min_bytes, max_bytes=options.max_bytes,
-        demand=demand if demand.collective == "custom" else None, notes=tuple(notes))
+        demand=demand if demand.collective == CUSTOM else None, notes=tuple(notes))
