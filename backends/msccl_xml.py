@@ -5,8 +5,8 @@ all its attributes, single spaces, double quotes, decimal integers without paddi
 exactly name proto nchannels nchunksperloop ngpus coll inplace outofplace minBytes maxBytes; every
 step all ten attributes with s = its position. The same Program always gives the same bytes.
 
-`coll` per runtime: reduce-scatter is "reducescatter" for executor/rccl (and "all") and
-"reduce_scatter" for "old" (legacy msccl). `maxBytes`: Program.max_bytes = 0 means "no limit";
+`coll` per runtime: each dialect's spelling (compiler.specs.runtimes; reduce-scatter differs
+between the old runtime and the others). `maxBytes`: Program.max_bytes = 0 means "no limit";
 the runtimes disagree on 0 (executor/RCCL: no limit; legacy: never selected), so the writer puts
 UNLIMITED_MAX_BYTES = 2**40 (1 TiB, more than any GPU holds; small enough that legacy's scratch
 arithmetic maxBytes * s_chunks cannot overflow int64) and the reader maps that value back to 0.
@@ -14,17 +14,17 @@ arithmetic maxBytes * s_chunks cannot overflow int64) and the reader maps that v
 A custom program carries its demand (its postcondition: which ranks must end with which chunks,
 or sums) so that `verify`, `simulate` and `run` need nothing else: one comment line right after
 the `<algo ...>` line, `<!-- msccl-compile demand {compact JSON} -->` (Demand.to_dict plus
-"runtimes": those with coll="custom"). A comment, because the runtimes' reader accepts comments
+"runtimes": those with coll=custom). A comment, because the runtimes' reader accepts comments
 anywhere (msccl-xml.md §1; RCCL's shipped files start with one) and ignores their text; after
 `<algo>` rather than before it, so the file still starts with `<algo ...>`, which the
 executor/RCCL meta-data pass and simple header readers (torch_dist.read_header) look for. The JSON
-holds only numbers, ranks and "custom", so it can never contain "--" or end the comment early.
+holds only numbers, ranks and the word custom, so it can never contain "--" or end the comment early.
 Every other program is written without any comment, byte for byte as before.
 
 Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
 Unknown elements (TACCL's `<copy>`) and attributes (`redop`, `nthreads`) are ignored, with a note
-for elements. The demand comment is read before `<algo>` or directly inside it, for coll="custom"
+for elements. The demand comment is read before `<algo>` or directly inside it, for coll=custom
 only (noted and ignored elsewhere: a standard collective's postcondition is the standard one).
 Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is 8); any
 spelling other than plain decimal is accepted with a warning in Program.notes. Everything else
@@ -103,12 +103,12 @@ def _check_writable(p: Program) -> None:
 def demand_comment(p: Program) -> str:
     """The text of the comment that carries a custom program's demand, '' for every other program
     (their XML has no comment). One line: DEMAND_TAG, then the demand as compact JSON
-    (Demand.to_dict, plus "runtimes": those with coll="custom")."""
+    (Demand.to_dict, plus "runtimes": those with coll=custom)."""
     if p.demand is None or p.collective != CUSTOM:
         return ""
     doc = {**p.demand.to_dict(), "runtimes": list(target_runtimes(p.collective))}
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
-    if "--" in text:  # cannot end a comment early: the JSON holds numbers, ranks and "custom"
+    if "--" in text:  # cannot end a comment early: the JSON holds numbers, ranks and the word custom
         raise XmlError(f"program: demand: {text[:60]!r} cannot be written inside an XML comment")
     return f"{DEMAND_TAG} {text}"
 
