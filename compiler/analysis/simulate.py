@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from compiler.analysis.bounds import Bound, bound_for, busbw, lower_bound
+from compiler.analysis.links import Costing, ideal_transfer, path_kind
 from compiler.model.demand import Demand
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
@@ -123,9 +124,12 @@ def _ranks(mask: int) -> list[int]:
     return [r for r in range(mask.bit_length()) if mask >> r & 1]
 
 
-def simulate(topology: Topology, schedule: Schedule) -> Metrics:
-    """Time `schedule` on `topology`; raise ScheduleError if it is not causal or not complete."""
+def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -> Metrics:
+    """Time `schedule` on `topology` (as the ideal program of MSCCL protocol `proto`, with the
+    profile's runtime costs, compiler/analysis/links.py; alpha-beta alone without one); raise
+    ScheduleError if it is not causal or not complete."""
     demand, topo = schedule.demand, topology
+    costing = Costing.of(topo, proto)
     if demand.ngpus != topo.ngpus:
         raise ScheduleError(f"schedule: demand has {demand.ngpus} ranks, {topo.name} has {topo.ngpus} GPUs")
     chunks = {c.id: c for c in demand.chunks}
@@ -161,7 +165,7 @@ def simulate(topology: Topology, schedule: Schedule) -> Metrics:
         start = ready
         for l in take:
             start = max(start, last_take[l], slots[l][0])
-        hold = nbytes / bw
+        hold, latency = ideal_transfer(costing, nbytes, bw, alpha, path_kind(topo, ids), nbytes)
         for l in take:
             heapq.heapreplace(slots[l], start + hold)
             last_take[l] = start
@@ -169,7 +173,7 @@ def simulate(topology: Topology, schedule: Schedule) -> Metrics:
         if t.group >= 0:
             for l in take:
                 groups[t.group][2][l] = start
-        done = start + hold + alpha
+        done = start + hold + latency
         starts.append(start)
         ends.append(done)
 
@@ -190,7 +194,7 @@ def simulate(topology: Topology, schedule: Schedule) -> Metrics:
         else:
             state[key] = (payload, done)
 
-    finish = _finish_time(demand, state)
+    finish = _finish_time(demand, state) + (costing.launch if schedule.transfers else 0.0)
     bound = _bound(topo, demand)
     link_busy = max((b / (l.count * finish) for b, l in zip(busy, topo.links)), default=0.0) if finish else 0.0
     algbw = demand.size_bytes / finish if finish > 0 else float("inf")
