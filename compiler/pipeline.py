@@ -12,29 +12,34 @@ rendering XML is the back end's (backends/msccl_xml.py), and the caller decides 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
+from compiler.analysis.bounds import busbw
 from compiler.analysis.simulate import Metrics, simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import Demand, make_demand
-from compiler.model.program import Program
+from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
-from compiler.program.timing import ProgramTiming, call_bytes, time_program
+from compiler.program.timing import ProgramTiming
+from compiler.realise import Realisation, protocols, realise
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import ALL, DEFAULT, target_runtimes, twin_runtime
 from compiler.specs.units import format_size
 
+PLAN_SHARE = 0.85  # of the time limit for planning when a program is written: realising it takes the rest
 MULTICAST_SKIP = "switch multicast (NVLS) has no MSCCL XML form; plan without `multicast` to get XML"
 
 
 @dataclass(frozen=True)
 class CompileOptions:
     plan: PlanOptions = field(default_factory=PlanOptions)
-    lower: LowerOptions = field(default_factory=LowerOptions)  # its runtime is set from `runtime`
+    # protocol and instances auto (compiler/realise.py) unless fixed; its runtime is set from `runtime`
+    lower: LowerOptions = field(default_factory=lambda: LowerOptions(proto=AUTO, instances=0))
     runtime: str = ALL  # the runtimes to write for: one, or all that have the collective
     xml: bool = True  # lower, verify and time a program (else plan and simulate only)
     output: str | None = None  # the XML's path (default: default_xml_name)
@@ -52,14 +57,15 @@ class XmlFile:
 class Result:
     topology: Topology
     schedule: Schedule
-    planned: Metrics  # the schedule's time (the simulator)
+    planned: Metrics  # the schedule's time: the simulator's ideal program of the program's protocol
     runtime: str = ALL  # as asked
     program: Program | None = None
-    timing: ProgramTiming | None = None  # the program's time
+    timing: ProgramTiming | None = None  # the program's time (what the user gets)
     verdict: Verdict | None = None
     runtimes: tuple[str, ...] = ()  # verified for
     files: tuple[XmlFile, ...] = ()
     skipped: str | None = None  # why there is no program
+    realisation: Realisation | None = None  # how the program was chosen (protocol, instances)
 
     @property
     def demand(self) -> Demand:
@@ -67,19 +73,35 @@ class Result:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return self.schedule.notes
+        return self.schedule.notes + (self.realisation.notes() if self.realisation else ())
+
+    @property
+    def time_s(self) -> float:
+        """What the user gets: the program's time, or the plan's where there is no program."""
+        return self.timing.finish_time_s if self.timing else self.planned.finish_time_s
+
+    @property
+    def bound_ratio(self) -> float:
+        t = self.time_s
+        return self.planned.lower_bound_s / t if t > 0 else 1.0
 
     def summary(self) -> dict:
-        """The figures every caller reports (the --json fields of a compile)."""
+        """The figures every caller reports (the --json fields of a compile): the program's, with
+        the plan's beside them as planned_*."""
         s, m, topo, demand = self.schedule, self.planned, self.topology, self.demand
+        t = self.time_s
+        algbw = per_second(demand.size_bytes, t)
         out = {
             "collective": demand.collective, "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
             "size_bytes": demand.size_bytes, "chunks": demand.chunks_per_rank, "method": s.planner,
             "status": s.status, "gap": s.gap, "solve_time_s": s.solve_time, "epochs": s.epochs, "epoch_s": s.tau,
-            "transfer_time_s": m.finish_time_s, "algbw_GBps": m.algbw / 1e9, "busbw_GBps": m.busbw / 1e9,
-            "lower_bound_s": m.lower_bound_s, "bound_ratio": m.bound_ratio,
+            "transfer_time_s": t, "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw(demand.collective, demand.ngpus,
+                                                                                  algbw) / 1e9,
+            "lower_bound_s": m.lower_bound_s, "bound_ratio": self.bound_ratio,
+            "planned_transfer_time_s": m.finish_time_s, "planned_algbw_GBps": m.algbw / 1e9,
+            "planned_busbw_GBps": m.busbw / 1e9, "planned_bound_ratio": m.bound_ratio,
             "output_buffer_bytes": m.output_buffer_bytes, "scratch_bytes": m.scratch_bytes,
-            "ntransfers": len(s.transfers), "lp_value_s": s.lp_value, "notes": list(s.notes),
+            "ntransfers": len(s.transfers), "lp_value_s": s.lp_value, "notes": list(self.notes),
         }
         if self.skipped:
             out.update(xml=None, verified=None, xml_skipped=self.skipped)
@@ -90,8 +112,8 @@ class Result:
             out.update(xml=self.files[0].path, xml_files=[f.path for f in self.files], verified=self.verdict.ok,
                        runtime=self.runtime, verified_for=list(self.runtimes), nchannels=p.nchannels,
                        nthreadblocks_max=p.nthreadblocks_max, nsteps_max=p.nsteps_max, proto=p.proto,
-                       program_time_s=self.timing.finish_time_s,
-                       program_algbw_GBps=per_second(demand.size_bytes, self.timing.finish_time_s) / 1e9)
+                       instances=self.realisation.instances if self.realisation else None,
+                       iterations=self.timing.iterations)
         if demand.collective == CUSTOM:
             out["demand_chunks"], out["chunk_size_bytes"] = demand_chunks(demand)
         return out
@@ -115,40 +137,50 @@ def default_xml_name(demand: Demand, topo: Topology) -> str:
 
 
 def compile(topology: Topology, demand: Demand, options: CompileOptions = CompileOptions()) -> Result:
-    """Plan `demand` on `topology`, then everything compile_schedule does."""
-    return compile_schedule(topology, plan(topology, demand, options.plan), options)
+    """Plan `demand` on `topology`, then everything compile_schedule does. With a program to write,
+    auto judges its candidates by their realised programs (a candidate that cannot be lowered for
+    the target runtimes is no candidate)."""
+    judged: dict[int, tuple[Schedule, Realisation]] = {}
+    plan_options = options.plan
+    if options.xml and not options.plan.multicast:
+        now = time.perf_counter()
+        end = plan_options.deadline or now + plan_options.time_limit  # the promise, lowering included
+        options = replace(options, plan=replace(plan_options, deadline=end))
+        plan_options = replace(plan_options, deadline=now + (end - now) * PLAN_SHARE,
+                               judge=lambda s: _judge(s, topology, options, judged))
+    schedule = plan(topology, demand, plan_options)
+    known = judged.get(id(schedule.transfers))
+    return compile_schedule(topology, schedule, options, known[1] if known else None)
 
 
-def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOptions = CompileOptions()) -> Result:
-    """Simulate the schedule; unless options.xml is off, lower it for the runtimes its collective
-    targets, verify the program (an unverified program is a bug, raised as such) and time it."""
-    planned = simulate(topology, schedule)
-    result = Result(topology, schedule, planned, options.runtime)
-    if not options.xml:
-        return result
-    if any(t.group >= 0 for t in schedule.transfers):
-        return replace(result, skipped=MULTICAST_SKIP)
-    program, verdict, runtimes = lower_verified(schedule, topology, options.lower, options.runtime)
-    path = options.output or default_xml_name(schedule.demand, topology)
-    size = schedule.demand.size_bytes
-    if program.collective == CUSTOM:
-        size = call_bytes(program, demand_chunks(schedule.demand)[1])
-    return replace(result, program=program, verdict=verdict, runtimes=runtimes,
-                   files=xml_files(program, path, options.runtime, runtimes),
-                   timing=time_program(program, topology, size))
+def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict) -> float:
+    """The time of the program `schedule` realises (raises CompileError if none fits the runtimes)."""
+    r = realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
+    judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
+    return r.timing.finish_time_s
 
 
-def lower_verified(schedule: Schedule, topology: Topology, options: LowerOptions,
-                   runtime: str) -> tuple[Program, Verdict, tuple[str, ...]]:
-    """Lower within the limits of the runtimes the collective targets and verify for them."""
-    runtimes = target_runtimes(schedule.demand.collective, runtime)
-    aimed = runtimes[0] if len(runtimes) == 1 else runtime  # custom: the old runtime's limits
-    program = lower(schedule, topology, replace(options, runtime=aimed))
-    verdict = verify(program, runtime, demand=schedule.demand.split(options.instances), sms=topology.sms)
+def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOptions = CompileOptions(),
+                     realised: Realisation | None = None) -> Result:
+    """Unless options.xml is off, realise the schedule as the fastest program for the runtimes its
+    collective targets, verify it (an unverified program is a bug, raised as such) and time it;
+    simulate the schedule as the ideal program of the same protocol (the planned time)."""
+    if not options.xml or any(t.group >= 0 for t in schedule.transfers):
+        proto = min(protocols(topology, options.lower.proto),
+                    key=lambda p: simulate(topology, schedule, p).finish_time_s)
+        result = Result(topology, schedule, simulate(topology, schedule, proto), options.runtime)
+        return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
+    r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
+    program = r.program
+    runtimes = target_runtimes(schedule.demand.collective, options.runtime)
+    verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)
     if not verdict.ok:
         raise CompileError(f"internal: the lowered program failed verification for {'/'.join(runtimes)} "
                            f"({verdict.summary()}); please report this with the saved schedule")
-    return program, verdict, runtimes
+    planned = simulate(topology, schedule, program.proto)
+    path = options.output or default_xml_name(schedule.demand, topology)
+    return Result(topology, schedule, planned, options.runtime, program, r.timing, verdict, runtimes,
+                  xml_files(program, path, options.runtime, runtimes), realisation=r)
 
 
 def xml_files(program: Program, path: str, runtime: str, runtimes: tuple[str, ...]) -> tuple[XmlFile, ...]:
@@ -192,15 +224,6 @@ def size_bands(lo: int, hi: int, factor: int) -> list[tuple[int, int]]:
     return [(a, (edges[i + 1] - 1) if i + 1 < len(edges) else hi) for i, a in enumerate(edges)]
 
 
-def band_protocol(topo: Topology, hi: int) -> str:
-    """LL for small messages, LL128 for medium ones where NCCL trusts it (NVLink), Simple above."""
-    if hi <= 256 * 1024:
-        return "LL"
-    if hi <= 4 * 1024 * 1024 and topo.vendor == "nvidia":
-        return "LL128"
-    return "Simple"
-
-
 def band_demand(topo: Topology, collective: str, a: int, b: int) -> Demand:
     """The demand a band is planned at: its geometric middle, rounded to whole 4-byte elements per chunk."""
     size = int(math.sqrt(a * max(a, b)))
@@ -215,16 +238,16 @@ def library(topo: Topology, options: LibraryOptions, done=None) -> Library:
     for coll in options.collectives:
         for i, (a, b) in enumerate(bands):
             demand = band_demand(topo, coll, a, b)
-            proto = band_protocol(topo, b) if options.proto == "auto" else options.proto
             name = f"{coll.replace('_', '-')}-{i:02d}-{format_size(a)}-{format_size(b)}.xml"
-            lower_options = LowerOptions(proto=proto, min_bytes=a, max_bytes=b, runtime=options.runtime,
+            lower_options = LowerOptions(proto=options.proto, instances=0, min_bytes=a, max_bytes=b,
+                                         runtime=options.runtime,
                                          name=f"{coll}-{topo.name}-{format_size(a)}-{format_size(b)}")
             plan_options = PlanOptions(method=options.method, time_limit=options.time_limit, refine=True,
                                        progress=options.progress)
             result = compile(topo, demand, CompileOptions(plan_options, lower_options, options.runtime,
                                                           output=name))
             results.append((name, result))
-            entries.append(manifest_entry(name, coll, a, b, demand.size_bytes, proto, result))
+            entries.append(manifest_entry(name, coll, a, b, demand.size_bytes, result))
             if done is not None:
                 done(name, result)
     manifest = {"format": "msccl-compile/library-v1", "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
@@ -232,10 +255,14 @@ def library(topo: Topology, options: LibraryOptions, done=None) -> Library:
     return Library(tuple(results), manifest)
 
 
-def manifest_entry(name: str, coll: str, a: int, b: int, size: int, proto: str, result: Result) -> dict:
+def manifest_entry(name: str, coll: str, a: int, b: int, size: int, result: Result) -> dict:
+    """A band's figures are its program's (protocol and instances chosen by the cost model), the
+    plan's beside them."""
     s, m, p = result.schedule, result.planned, result.program
     return {"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "planned_at_bytes": size,
-            "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": proto,
-            "time_s": m.finish_time_s, "algbw_GBps": m.algbw / 1e9,
-            "bound_ratio": m.bound_ratio, "why": list(s.notes[:2]),
+            "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": p.proto,
+            "instances": result.realisation.instances, "time_s": result.time_s,
+            "algbw_GBps": per_second(size, result.time_s) / 1e9, "bound_ratio": result.bound_ratio,
+            "planned_time_s": m.finish_time_s, "planned_bound_ratio": m.bound_ratio,
+            "why": list(result.notes[:2]) + list(result.realisation.notes()[:1]),
             "inplace": p.inplace, "outofplace": p.outofplace}

@@ -105,7 +105,7 @@ def test_custom_file_verify_simulate_run_without_flags(tmp_path):
     proc = run_cli("verify", "c.xml", cwd=tmp_path)
     assert proc.returncode == 0 and "correct for runtime old" in proc.stdout, proc.stdout + proc.stderr
     sim = json.loads(run_cli("simulate", "c.xml", "--hw", HW, "--size", "64MB", "--json", cwd=tmp_path).stdout)
-    assert sim["time_s"] == pytest.approx(out["program_time_s"]) and sim["size_bytes"] == 128 * 10**6
+    assert sim["time_s"] == pytest.approx(out["transfer_time_s"]) and sim["size_bytes"] == 128 * 10**6
     proc = run_cli("run", "c.xml", "--nprocs", "4", "--size", "64KB", "--iters", "1", cwd=tmp_path)
     assert proc.returncode == 0 and ": correct;" in proc.stdout, proc.stdout + proc.stderr
     # --demand still overrides the embedded demand

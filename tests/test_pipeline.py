@@ -24,12 +24,12 @@ def test_compile_wires_every_stage_and_the_judges_agree(topo):
     result = compile(t, make_demand("allgather", 8, 2**20), CompileOptions(PlanOptions(method="ring")))
     assert result.verdict.ok and result.runtimes == ("old", "executor", "rccl")
     # independent judges: the simulator re-times the schedule, the verifier re-checks the program
-    assert simulate(t, result.schedule) == result.planned
-    assert verify(read_xml(to_xml(result.program)), demand=result.demand).ok
-    assert result.timing.finish_time_s > 0 and result.timing.ntransfers == len(result.schedule.transfers)
+    assert simulate(t, result.schedule, result.program.proto) == result.planned
+    assert verify(read_xml(to_xml(result.program)), demand=result.demand.split(result.realisation.instances)).ok
+    assert result.timing.finish_time_s > 0 and result.timing.ntransfers == len(result.schedule.transfers) * result.realisation.instances
     summary = result.summary()
     assert summary["verified"] and summary["xml"] == "allgather-dgx1.xml" and summary["method"] == "ring"
-    assert summary["program_time_s"] == result.timing.finish_time_s
+    assert summary["transfer_time_s"] == result.timing.finish_time_s
 
 
 def test_compile_schedule_lowers_a_saved_schedule_to_the_same_program(topo, tmp_path):

@@ -62,6 +62,11 @@ class Costing:
         return max(1, int(bandwidth * self.efficiency / self.tb_rate(kind) + 1e-9))
 
 
+def protocol_names(topo: Topology) -> tuple[str | None, ...]:
+    """The protocols a program on `topo` may use (None: alpha-beta, for a profile without costs)."""
+    return topo.costs.names if topo.costs is not None else (None,)
+
+
 def path_kind(topo: Topology, link_ids) -> str:
     """The kind whose costs a transfer pays: the network where it crosses one, else its first link's."""
     kinds = [topo.links[l].kind for l in link_ids]
@@ -73,3 +78,18 @@ def ideal_transfer(costing: Costing, nbytes: float, bandwidth: float, alpha: flo
     """(time the path's links are held, latency after that) of one transfer in the ideal program."""
     pieces = -(-costing.iterations(chunk_bytes) // costing.lanes(bandwidth, kind))
     return nbytes / (bandwidth * costing.efficiency), alpha + pieces * costing.step(kind)
+
+
+def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s: float) -> float | None:
+    """The least time any program can take under the runtime cost model, from an alpha-beta bound's
+    parts: the best protocol's launch, its payload efficiency on the bandwidth term, and at least one
+    step's synchronisation (every transfer pays one). None without runtime costs."""
+    if topo.costs is None:
+        return None
+    best = None
+    for name in topo.costs.names:
+        c = Costing.of(topo, name)
+        step = min(v for _, v in c.cost.step)
+        t = c.launch + max(latency_s, bandwidth_s / c.efficiency + alpha_s) + step
+        best = t if best is None else min(best, t)
+    return best

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from compiler.analysis.bounds import Bound, bound_for, busbw, lower_bound
-from compiler.analysis.links import Costing, ideal_transfer, path_kind
+from compiler.analysis.links import Costing, ideal_transfer, path_kind, runtime_floor
 from compiler.model.demand import Demand
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
@@ -63,7 +63,14 @@ class Metrics:
         return cls(**{**d, "starts": tuple(d.get("starts", ())), "ends": tuple(d.get("ends", ()))})
 
 
-def _bound(topo: Topology, demand: Demand) -> Bound:
+def program_floor(topo: Topology, bound: Bound) -> float:
+    """The bound a program is held to: the alpha-beta bound plus what every program of the runtime
+    cost model pays at least (links.runtime_floor); the alpha-beta bound without costs."""
+    floor = runtime_floor(topo, bound.latency_s, bound.bandwidth_s, bound.alpha_s)
+    return bound.time_s if floor is None else max(bound.time_s, floor)
+
+
+def bound_of(topo: Topology, demand: Demand) -> Bound:
     if demand.collective == CUSTOM:
         return _custom_bound(topo, demand)
     # the bound depends on the collective and size, not on how the buffer is cut into chunks
@@ -195,15 +202,16 @@ def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -
             state[key] = (payload, done)
 
     finish = _finish_time(demand, state) + (costing.launch if schedule.transfers else 0.0)
-    bound = _bound(topo, demand)
+    bound = bound_of(topo, demand)
+    floor = bound.time_s if costing.proto is None else program_floor(topo, bound)
     link_busy = max((b / (l.count * finish) for b, l in zip(busy, topo.links)), default=0.0) if finish else 0.0
     algbw = demand.size_bytes / finish if finish > 0 else float("inf")
     return Metrics(
         finish_time_s=finish,
         algbw=algbw,
         busbw=busbw(demand.collective, demand.ngpus, algbw),
-        lower_bound_s=bound.time_s,
-        bound_ratio=bound.time_s / finish if finish > 0 else 1.0,
+        lower_bound_s=floor,
+        bound_ratio=floor / finish if finish > 0 else 1.0,
         binding=bound.binding,
         output_buffer_bytes=demand.output_chunks * nbytes,
         scratch_bytes=max((len(r) for r in relayed), default=0) * nbytes,

@@ -102,10 +102,12 @@ class RankCode:
 
 
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
-               alias: Callable[[Slot], Slot], pace: bool = True) -> RankCode:
-    """With `pace`, a send waits for the previous send on the same outgoing link and channel, so
-    the GPU feeds each link in the schedule's order, one transfer at a time, as the planner timed
-    it; without it, concurrent thread blocks share the link in whatever order they run."""
+               alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None) -> RankCode:
+    """With `pace` (outgoing link id -> window w), a send waits for the send w before it on the same
+    outgoing link and channel, so the GPU feeds each link in the schedule's order with at most w
+    transfers in flight per channel (as many as the link carries at full rate under the
+    per-thread-block cap; the planner timed them in that order); without it, concurrent thread
+    blocks share the link in whatever order they run."""
     ops = rank_ops(rank, moves_out, moves_in, demand)
     by_chunk, weights = link_forwards(ops)
     tbs, copy_tb = place_ops(ops, by_chunk, weights)
@@ -242,7 +244,7 @@ class _RankGen:
     """Emits one rank's units in key order, tracking where each chunk's current value lives."""
 
     def __init__(self, rank: int, demand: Demand, by_chunk: dict[int, list[Op]], copy_tb: dict[int, int],
-                 em: _Emitter, pace: bool):
+                 em: _Emitter, pace: Callable[[int], int] | None):
         self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace = \
             rank, demand.reduce, by_chunk, copy_tb, em, pace
         self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in demand.chunks if rank in c.sources}
@@ -251,7 +253,7 @@ class _RankGen:
         self.scratch: dict[int, int] = {}
         self.send_at: dict[int, tuple[int, int]] = {}
         self.recv_at: dict[int, tuple[int, int]] = {}
-        self.last_send: dict[tuple[int, int], tuple[int, int]] = {}  # lane -> its last send step
+        self.sends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # lane -> its send steps so far
 
     def landing(self, c: int) -> Slot:
         if c in self.dst_idx:
@@ -282,11 +284,15 @@ class _RankGen:
         return op.chunk in self.dst_idx
 
     def paced(self, send: Op) -> tuple[int, int] | None:
-        return self.last_send.get(send.move.lane) if self.pace else None
+        if self.pace is None:
+            return None
+        before = self.sends.get(send.move.lane, ())
+        w = self.pace(send.move.lane[0])
+        return before[-w] if len(before) >= w else None
 
     def sent(self, send: Op, at: tuple[int, int]) -> None:
         self.send_at[send.move.pos] = at
-        self.last_send[send.move.lane] = at
+        self.sends.setdefault(send.move.lane, []).append(at)
 
     def emit(self, unit: Unit) -> None:
         op = unit.op

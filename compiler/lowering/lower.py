@@ -36,12 +36,13 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from compiler.analysis.links import Costing
 from compiler.model.demand import Demand
 from compiler.specs.collectives import CUSTOM, inplace_alias
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
                                     MAX_TBS_PER_CHANNEL, limits_for, target_runtimes)
-from compiler.model.program import PROTOCOLS, SLOTS, GpuProgram, Program
+from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.lowering.channels import Move, chunk_splits, first_split, parallel_lanes, place_moves
@@ -94,6 +95,8 @@ class LowerOptions:
 
 
 def check_options(o: LowerOptions) -> None:
+    if o.proto == AUTO:
+        raise LoweringError("--proto: auto is chosen by the pipeline (compiler.realise); lower() takes one protocol")
     if o.proto not in PROTOCOLS:
         raise LoweringError(f"--proto: {o.proto!r} is not a protocol (known: {', '.join(PROTOCOLS)})")
     if not isinstance(o.instances, int) or o.instances < 1:
@@ -253,7 +256,18 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
         for code in codes)
 
 
-def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: bool) -> list[RankCode]:
+def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], int] | None:
+    """Sends in flight per outgoing link and channel when pacing: the thread blocks the link
+    carries at full rate under the protocol's per-thread-block cap, shared by the instances."""
+    if not options.pace:
+        return None
+    costing = Costing.of(topology, options.proto)
+    windows = [max(1, math.ceil(costing.lanes(l.bandwidth, l.kind or "nvlink") / options.instances))
+               for l in topology.links]
+    return windows.__getitem__
+
+
+def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None) -> list[RankCode]:
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     for m in moves:
@@ -283,13 +297,14 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         raise LoweringError(f"lowering: {options.instances} instances x {per_group // options.instances} parallel "
                             f"lanes need {per_group} channels; MSCCL allows {MAX_CHANNELS}; use fewer --instances")
     split = min(most, first_split(schedule, lanes, lim.max_steps))
+    pace = pace_window(topology, options)
     while True:
         moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
                             SLOTS[options.proto], topology)
-        codes = _lower_ranks(moves, demand, can_alias, options.pace)
+        codes = _lower_ranks(moves, demand, can_alias, pace)
         if can_alias and options.inplace is None and not all(c.inplace_ok for c in codes):
             can_alias = False  # not usable in place anyway: drop the dependencies aliasing adds
-            codes = _lower_ranks(moves, demand, False, options.pace)
+            codes = _lower_ranks(moves, demand, False, pace)
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
             break

@@ -21,6 +21,7 @@ READS_SRC = frozenset({"s", "rrs", "rrc", "rrcs", "cpy", "re"})  # read local da
 WRITES_DST = frozenset({"r", "rcs", "rrc", "rrcs", "cpy", "re"})  # write local data at dstbuf/dstoff
 BUFFERS = ("i", "o", "s")
 PROTOCOLS = ("Simple", "LL", "LL128")
+AUTO = "auto"  # a protocol or instance count left to the compiler: the fastest program under the cost model
 SLOTS = {"Simple": 2, "LL": 8, "LL128": 8}  # transfers outstanding per connection (msccl-xml.md §7.5)
 
 @dataclass(frozen=True)

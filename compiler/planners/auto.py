@@ -65,6 +65,8 @@ REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not f
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
+BASELINES = ("direct", "ring")  # cheap: planned even when a candidate is good enough, if programs are judged
+JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,11 @@ class Candidate:
     method: str
     schedule: Schedule
     bound_ratio: float
+    program_s: float | None = None  # the time of the program it realises, where judged
+
+    @property
+    def time_s(self) -> float:
+        return self.finish_time_s if self.program_s is None else self.program_s
 
 
 @dataclass
@@ -121,12 +128,13 @@ class Search:
     def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int) -> None:
         """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
         from compiler.planners.registry import MODULES, plan as plan_with
+        from compiler.analysis.links import protocol_names
         from compiler.analysis.simulate import simulate
         parts = self.refinements[n]
         if method not in MODULES:
             self.skipped.append(f"{method} (not available)")
             return
-        if self.good_enough():
+        if self.good_enough() and not (self.options.judge and method in BASELINES):
             self.skipped.append(f"{method} at {parts}x (a candidate already reaches {self.best_ratio():.3f} "
                                 "of the bound)")
             return
@@ -145,7 +153,7 @@ class Search:
             if method == "milp" and "lp" not in methods and "rounds" not in methods:
                 methods.append("rounds")  # the exact model was too big for its share: solve it in windows
             return
-        m = simulate(self.topo, s)
+        m = min((simulate(self.topo, s, p) for p in protocol_names(self.topo)), key=lambda x: x.finish_time_s)
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio))
 
     def why(self, demand: Demand) -> list[str]:
@@ -153,14 +161,42 @@ class Search:
         results, whole = self.results, len(self.refinements) == 1
         best = results[0]
         label = lambda c: c.method if whole else f"{c.method}/{demand.chunks_per_rank * c.parts}ch"
-        ranking = ", ".join(f"{label(c)} {c.finish_time_s * 1e3:.4g} ms" for c in results[:6])
+        judged = [c for c in results if c.program_s is not None]
         chosen = best.method if whole else f"{best.method} with {demand.chunks_per_rank * best.parts} chunk(s) per rank"
-        why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
+        if judged:
+            ranking = ", ".join(f"{label(c)} {c.program_s * 1e3:.4g} ms (planned {c.finish_time_s * 1e3:.4g})"
+                                for c in judged)
+            why = [f"auto chose {chosen}: programs {ranking}"]
+        else:
+            ranking = ", ".join(f"{label(c)} {c.finish_time_s * 1e3:.4g} ms" for c in results[:6])
+            why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
         if self.skipped:
             why.append("left out: " + "; ".join(self.skipped))
         if self.failed:
             why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
         return why
+
+
+def judge(search: Search, judge_program, deadline: float | None) -> None:
+    """Realise the best planned candidates, in planned order, until JUDGED have programs (one
+    once the deadline has passed); a candidate whose program does not fit the runtimes is dropped
+    (with why); the programs rank first, in their time."""
+    judged, kept = 0, []
+    for c in search.results:
+        late = deadline is not None and time.perf_counter() > deadline
+        if judged == JUDGED or (judged and late):
+            kept.append(c)
+            continue
+        try:
+            kept.append(replace(c, program_s=judge_program(c.schedule)))
+            judged += 1
+        except CompileError as e:
+            search.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
+    if not judged:
+        raise CompileError("auto: no candidate can be written as a program for the target runtimes ("
+                           + "; ".join(search.failed[-3:]) + ")")
+    kept.sort(key=lambda c: (c.program_s is None, c.time_s, c.parts, c.method))
+    search.results = kept
 
 
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
@@ -178,5 +214,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if not search.results:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
+    if options.judge is not None:
+        judge(search, options.judge, options.deadline)
     best = search.results[0].schedule
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 
@@ -25,6 +25,9 @@ class PlanOptions:
     # time.perf_counter() value by which planning returns; plan() sets it from time_limit, and every
     # solve and loop below it respects it (a sub-plan may get a shorter time_limit, never a later deadline)
     deadline: float | None = None
+    # the time of the program a schedule realises (raises CompileError where none fits the runtimes):
+    # auto ranks its best candidates by it; the pipeline sets it when it writes a program
+    judge: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
 
     def left(self, t0: float) -> float:
         """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""

@@ -1,13 +1,22 @@
-"""Timing any MSCCL program (ours or another tool's) under the schedule simulator's alpha-beta
-model, so XML files can be compared on equal terms.
+"""Timing any MSCCL program (ours or another tool's) under the runtime cost model the schedule
+simulator uses for its ideal program (compiler/analysis/links.py: one model, two inputs), so the
+planned time and the program time compare on equal terms.
 
-Every thread block runs its steps in order. A send-type step moves cnt chunks to its peer over the
-topology's best path: it starts when the step is ready (program order, its dependency, and for
-rcs/rrs/rrcs the incoming message) and a slot is free on every link of the path, holds those links
-for bytes / (slowest bandwidth on the path), and its data arrives alpha later. A receive completes
-when its message has arrived. Local steps (cpy, re, nop) take no time. A program has no global
-transfer order, so links are granted first come, first served in time order (the schedule
-simulator grants them in schedule order). Connection slot limits are the verifier's business.
+The MSCCL kernel runs every thread block's steps once per loop iteration, each iteration on one
+slice of every chunk (a chunk larger than the protocol's iteration payload takes several); the
+timer unrolls those iterations. A send-type step moves cnt slices to its peer over the topology's
+best path: it starts when the step is ready (program order, its dependency in the same iteration,
+and for rcs/rrs/rrcs the incoming message) and a thread-block lane is free on every link of the
+path (a link carries as many thread blocks at once as fit its bandwidth, Costing.lanes), holds
+that lane for bytes / (the lane's share of the payload bandwidth), then costs the thread block the
+protocol's step latency, and its data arrives alpha after that. A receive completes when its
+message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
+order, so lanes are granted first come, first served in time order. A program of many iterations
+is timed over its first MAX_ITERATIONS and extrapolated at the steady rate of the last ones. The
+call pays the protocol's launch once. Connection slot limits are the verifier's business.
+
+Without runtime costs (a profile without them, or runtime_costs=False) this is alpha-beta: one
+iteration, no lanes, no step latency, no launch.
 """
 
 from __future__ import annotations
@@ -15,9 +24,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from compiler.specs.errors import CompileError
+from compiler.analysis.links import Costing, path_kind
 from compiler.model.program import RECVS, SENDS, Program
 from compiler.model.topology import Topology
+from compiler.specs.collectives import CUSTOM
+from compiler.specs.errors import CompileError
+
+MAX_ITERATIONS = 8  # iterations timed step by step; more are extrapolated
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,8 @@ class ProgramTiming:
     algbw: float  # size / time (nccl-tests' definition of size)
     chunk_bytes: float
     ntransfers: int
+    proto: str | None = None  # the protocol whose costs were charged (None: alpha-beta)
+    iterations: int = 1  # loop iterations of the kernel for this size
 
 
 def call_bytes(program: Program, size_bytes: float) -> float:
@@ -34,43 +49,77 @@ def call_bytes(program: Program, size_bytes: float) -> float:
     its demand, the size of one chunk of the demand (as `msccl-compile custom --size` takes it),
     which the program holds as demand.chunks_per_rank chunks."""
     d = program.demand
-    if program.collective != "custom" or d is None:
+    if program.collective != CUSTOM or d is None:
         return size_bytes
     return size_bytes / d.chunks_per_rank * program.nchunksperloop
 
 
-def time_program(program: Program, topo: Topology, size_bytes: int, trace: dict | None = None) -> ProgramTiming:
-    """trace: if given, filled with (rank, tb, step) -> (start, ready) of every send."""
-    if program.ngpus != topo.ngpus:
-        raise CompileError(f"simulate: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
-    chunk = size_bytes / program.nchunksperloop
-    tbs = [(g.rank, tb) for g in program.gpus for tb in g.tbs]
-    pc = [0] * len(tbs)
-    clock = [0.0] * len(tbs)  # when the tb's previous step finished
-    done_at: dict[tuple[int, int, int], float] = {}  # (rank, tb, step) -> finish time
-    queues: dict[tuple[int, int, int], list[float]] = {}  # (src, dst, chan) -> arrival times, FIFO
-    heads: dict[tuple[int, int, int], int] = {}
-    slots = [[0.0] * l.count for l in topo.links]  # heap of free times per parallel link
-    routes: dict[tuple[int, int], tuple] = {}
-    sent = 0
+class _Routes:
+    """Per (src, dst): the path's links, its per-lane payload rate, alpha and step latency."""
 
-    def route(a: int, b: int):
-        if (a, b) not in routes:
+    def __init__(self, topo: Topology, costing: Costing):
+        self.topo, self.costing, self.known = topo, costing, {}
+        self.lanes = [costing.lanes(l.bandwidth, l.kind or "nvlink") for l in topo.links]
+
+    def get(self, a: int, b: int) -> tuple:
+        if (a, b) not in self.known:
+            topo = self.topo
             if not topo.paths(a, b):
                 raise CompileError(f"simulate: rank {a} sends to rank {b}, but {topo.name} has no path between them")
             p = topo.best_path(a, b)
-            routes[(a, b)] = (topo.path_links(p), topo.path_bandwidth(p), topo.path_alpha(p))
-        return routes[(a, b)]
+            links = topo.path_links(p)
+            rate = min(topo.links[l].bandwidth * self.costing.efficiency / self.lanes[l] for l in links)
+            self.known[(a, b)] = (links, rate, topo.path_alpha(p), self.costing.step(path_kind(topo, links)))
+        return self.known[(a, b)]
 
+
+def time_program(program: Program, topo: Topology, size_bytes: float, trace: dict | None = None,
+                 runtime_costs: bool = True) -> ProgramTiming:
+    """trace: if given, filled with (rank, tb, step) -> (start, ready, end of its hold on the links)
+    of every send in the first iteration."""
+    if program.ngpus != topo.ngpus:
+        raise CompileError(f"simulate: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
+    costing = Costing.of(topo, program.proto if runtime_costs else None)
+    chunk = size_bytes / program.nchunksperloop
+    iterations = costing.iterations(chunk)
+    timed = min(iterations, MAX_ITERATIONS)
+    finished = _run(program, topo, costing, chunk / iterations, timed, trace)
+    finish = finished[-1]
+    if iterations > timed:
+        half = timed // 2
+        finish += (iterations - timed) * (finished[-1] - finished[half - 1]) / (timed - half)
+    sends = sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)
+    if sends:
+        finish += costing.launch
+    return ProgramTiming(finish, size_bytes / finish if finish > 0 else float("inf"), chunk, sends,
+                         costing.proto, iterations)
+
+
+def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
+         trace: dict | None) -> list[float]:
+    """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
+    for each j. Event-driven: a thread block waits in a heap until its next step may start, or in
+    `blocked_on` until what it needs (a dependency or a message) exists."""
+    tbs = [(g.rank, tb) for g in program.gpus for tb in g.tbs]
+    nsteps = [len(tb.steps) for _, tb in tbs]
+    pc = [0] * len(tbs)  # step index over all iterations: iteration pc // n, step pc % n
+    clock = [0.0] * len(tbs)  # when the tb's previous step finished
+    done_at: dict[tuple[int, int, int, int], float] = {}  # (rank, tb, step, iteration) -> finish time
+    queues: dict[tuple[int, int, int], list[float]] = {}  # (src, dst, chan) -> arrival times, FIFO
+    heads: dict[tuple[int, int, int], int] = {}
+    routes = _Routes(topo, costing)
+    lanes = [[0.0] * (l.count * routes.lanes[i]) for i, l in enumerate(topo.links)]  # heap of free times
+    finished = [0.0] * iterations
     blocked_on: dict[tuple, list[int]] = {}  # what a waiting tb needs -> the tbs waiting for it
 
     def ready_time(i: int) -> float | tuple:
         """When step pc[i] can start, or the key of what it still waits for."""
         rank, tb = tbs[i]
-        step = tb.steps[pc[i]]
+        it, s = divmod(pc[i], nsteps[i])
+        step = tb.steps[s]
         t = clock[i]
         if step.depid >= 0:
-            key = (rank, step.depid, step.deps)
+            key = (rank, step.depid, step.deps, it)
             if key not in done_at:
                 return ("done",) + key
             t = max(t, done_at[key])
@@ -86,54 +135,55 @@ def time_program(program: Program, topo: Topology, size_bytes: int, trace: dict 
         for j in blocked_on.pop(key, ()):
             heapq.heappush(heap, (clock[j], j))
 
-    remaining = sum(len(tb.steps) for _, tb in tbs)
-    heap = [(0.0, i) for i in range(len(tbs)) if tbs[i][1].steps]
+    remaining = sum(nsteps) * iterations
+    heap = [(0.0, i) for i in range(len(tbs)) if nsteps[i]]
     heapq.heapify(heap)
-    finish = 0.0
     while remaining:
         if not heap:
             stuck = min(j for js in blocked_on.values() for j in js) if blocked_on else None
             if stuck is None:
                 break
             rank, tb = tbs[stuck]
-            raise CompileError(f"simulate: rank {rank} tb {tb.id} step {pc[stuck]} can never run "
+            raise CompileError(f"simulate: rank {rank} tb {tb.id} step {pc[stuck] % nsteps[stuck]} can never run "
                                "(its message or dependency never comes; run msccl-compile verify)")
         when, i = heapq.heappop(heap)
         t = ready_time(i)
         if isinstance(t, tuple):
             blocked_on.setdefault(t, []).append(i)
             continue
-        if t > when:  # not ready yet: come back then, so links go first come, first served
+        if t > when:  # not ready yet: come back then, so lanes go first come, first served
             heapq.heappush(heap, (t, i))
             continue
         rank, tb = tbs[i]
-        step = tb.steps[pc[i]]
+        it, s = divmod(pc[i], nsteps[i])
+        step = tb.steps[s]
         if step.type in RECVS:
             conn = (tb.recv, rank, tb.chan)
             heads[conn] = heads.get(conn, 0) + 1
         end = t
         if step.type in SENDS:
-            links, bw, alpha = route(rank, tb.send)
-            start = max([t] + [slots[l][0] for l in links])
-            hold = step.cnt * chunk / bw
+            links, rate, alpha, latency = routes.get(rank, tb.send)
+            start = max([t] + [lanes[l][0] for l in links])
+            hold = step.cnt * piece / rate
             for l in links:
-                heapq.heapreplace(slots[l], start + hold)
-            end = start + hold
-            if trace is not None:
-                trace[(rank, tb.id, pc[i])] = (start, t)
+                heapq.heapreplace(lanes[l], start + hold)
+            end = start + hold + latency
+            if trace is not None and it == 0:
+                trace[(rank, tb.id, s)] = (start, t, start + hold)
             queues.setdefault((rank, tb.send, tb.chan), []).append(end + alpha)
-            finish = max(finish, end + alpha)
-            sent += 1
-        done_at[(rank, tb.id, pc[i])] = end
+            finished[it] = max(finished[it], end + alpha)
+        done_at[(rank, tb.id, s, it)] = end
         clock[i] = end
-        finish = max(finish, end)
+        finished[it] = max(finished[it], end)
         pc[i] += 1
         remaining -= 1
-        if pc[i] < len(tb.steps):
+        if pc[i] < nsteps[i] * iterations:
             heapq.heappush(heap, (end, i))
         # the tbs this step unblocks: those waiting for it, or for the message it sent
         if blocked_on:
-            wake(("done", rank, tb.id, pc[i] - 1))
+            wake(("done", rank, tb.id, s, it))
             if step.type in SENDS:
                 wake(("sent", rank, tb.send, tb.chan))
-    return ProgramTiming(finish, size_bytes / finish if finish > 0 else float("inf"), chunk, sent)
+    for j in range(1, iterations):  # an iteration is done no earlier than the one before it
+        finished[j] = max(finished[j], finished[j - 1])
+    return finished

@@ -6,7 +6,7 @@ import sys
 
 from compiler.cli.common import (PROG, ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
                                  positive_int, size_arg, size_range_arg)
-from compiler.model.program import PROTOCOLS
+from compiler.model.program import AUTO, PROTOCOLS
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, CHOICES
 from compiler.specs.units import DTYPE_BYTES, format_size, format_time
@@ -46,14 +46,21 @@ def configure(p, name: str) -> None:
 
 def add_lowering(p) -> None:
     """The options of lowering (shared with `msccl-compile lower`)."""
-    p.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="MSCCL protocol (default Simple)")
-    p.add_argument("--instances", type=positive_int, default=1,
-                   help="copies of the algorithm on separate channels, each on 1/N of every chunk")
+    p.add_argument("--proto", choices=PROTOCOLS + (AUTO,), default=AUTO,
+                   help="MSCCL protocol (default auto: the fastest program under the profile's runtime cost model)")
+    p.add_argument("--instances", type=instances_arg, default=0, metavar="N|auto",
+                   help="copies of the algorithm on separate channels, each on 1/N of every chunk (default auto: "
+                        "doubled while the program gets faster and the runtimes allow)")
     p.add_argument("--size-range", type=size_range_arg, metavar="LO:HI",
                    help="sizes [LO, HI) the runtime may use this file for (minBytes/maxBytes)")
     p.add_argument("--runtime", choices=CHOICES, default=ALL,
                    help="the runtime to write for, or all (default) that have the collective, within the strictest "
                         "of their limits")
+
+
+def instances_arg(text: str) -> int:
+    """A whole number >= 1, or auto (0)."""
+    return 0 if text == AUTO else positive_int(text)
 
 
 def lower_options(args):
@@ -100,18 +107,23 @@ def print_summary(result, out: dict, schedule_out: str | None) -> None:
           f"{len(schedule.transfers)} transfers over {schedule.epochs} epochs of {format_time(schedule.tau)}")
     if schedule.lp_value is not None:
         print(f"LP value {format_time(schedule.lp_value)}; rounded schedule below")
-    print(f"time {format_time(metrics.finish_time_s)}: algbw {metrics.algbw / 1e9:.2f} GB/s, "
-          f"busbw {metrics.busbw / 1e9:.2f} GB/s")
-    print(f"lower bound {format_time(metrics.lower_bound_s)}: {metrics.bound_ratio:.3f} of the bound; "
-          f"output buffer {format_size(metrics.output_buffer_bytes)} per rank"
+    what = "program" if result.program is not None else "plan"
+    proto = f" ({out['proto']}, {out['instances']} instance{'s' if out['instances'] != 1 else ''})" \
+        if result.program is not None else ""
+    print(f"{what} time {format_time(out['transfer_time_s'])}{proto}: algbw {out['algbw_GBps']:.2f} GB/s, "
+          f"busbw {out['busbw_GBps']:.2f} GB/s, {out['bound_ratio']:.3f} of the bound "
+          f"({format_time(metrics.lower_bound_s)})")
+    if result.program is not None:
+        print(f"planned time {format_time(metrics.finish_time_s)} (the schedule as the ideal program): "
+              f"algbw {metrics.algbw / 1e9:.2f} GB/s, {metrics.bound_ratio:.3f} of the bound")
+    print(f"output buffer {format_size(metrics.output_buffer_bytes)} per rank"
           + (f", scratch {format_size(metrics.scratch_bytes)}" if metrics.scratch_bytes else ""))
-    for note in schedule.notes:
+    for note in result.notes:
         print(f"  {note}")
     if out.get("xml"):
         print(f"wrote {', '.join(out['xml_files'])} (verified for {'/'.join(out['verified_for'])}; {out['nchannels']} "
               f"channel{'s' if out['nchannels'] > 1 else ''}, up to {out['nthreadblocks_max']} thread blocks and "
-              f"{out['nsteps_max']} steps per block); as a program: {format_time(out['program_time_s'])}, "
-              f"algbw {out['program_algbw_GBps']:.2f} GB/s")
+              f"{out['nsteps_max']} steps per block)")
     elif out.get("xml_skipped"):
         print(f"no XML: {out['xml_skipped']}")
     if schedule_out:

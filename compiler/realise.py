@@ -1,0 +1,122 @@
+"""Realise a schedule as the fastest program the runtimes accept: lower it with each protocol and
+number of instances worth trying, time each program under the runtime cost model, keep the
+fastest (the planned time is the ideal program's; this is what lowering achieves of it).
+
+    realise(schedule, topology, options, runtime) -> Realisation
+
+Protocols: the one asked for, or (`auto`) every protocol the profile enables. Instances: the
+number asked for, or (`auto`) 1, 2, 4, ... while a doubling still pays (each instance is one more
+thread block per connection: the lanes a link needs to reach its bandwidth under the per-thread-
+block cap) and the runtimes' limits allow it; a limit that stops the doubling is noted, never an
+error unless no program at all fits. One lowering serves every protocol with the same connection
+slots (LL and LL128); the chosen program is verified by the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from compiler.analysis.links import protocol_names
+from compiler.analysis.simulate import simulate
+from compiler.lowering.lower import LowerOptions, lower
+from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
+from compiler.model.schedule import Schedule
+from compiler.model.topology import Topology
+from compiler.program.timing import ProgramTiming, call_bytes, time_program
+from compiler.specs.collectives import CUSTOM
+from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import target_runtimes
+
+MAX_INSTANCES = 32
+PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
+SEARCH_SECONDS = 20.0  # wall time after which no further doubling is tried
+
+
+@dataclass(frozen=True)
+class Realisation:
+    program: Program
+    timing: ProgramTiming
+    instances: int
+    tried: tuple[tuple[str, int, float], ...]  # (proto, instances, program time) of every program timed
+    stopped: str | None = None  # why the instances stopped doubling, where a limit stopped them
+
+    def notes(self) -> tuple[str, ...]:
+        """The choice and the runner-up, as the summary prints them."""
+        p, k = self.program.proto, self.instances
+        ranked = sorted(self.tried, key=lambda t: t[2])
+        if len(ranked) == 1:
+            return ()
+        best = ranked[0][2]
+        runner = next((t for t in ranked[1:] if (t[0], t[1]) != (p, k)), None)
+        line = f"program: {p} with {k} instance{'s' if k > 1 else ''} ({best * 1e6:.1f} us)"
+        if runner is not None:
+            line += f"; runner-up {runner[0]} with {runner[1]} ({runner[2] * 1e6:.1f} us, {runner[2] / best:.2f}x)"
+        return (line,) + ((f"instances: {self.stopped}",) if self.stopped else ())
+
+
+def protocols(topology: Topology, proto: str) -> tuple[str, ...]:
+    if proto != AUTO:
+        return (proto,)
+    return tuple(p or "Simple" for p in protocol_names(topology))
+
+
+def size_of(schedule: Schedule, program: Program) -> float:
+    """The size a program is timed at: the schedule's (a custom demand's per chunk, as call_bytes takes it)."""
+    demand = schedule.demand
+    if program.collective != CUSTOM:
+        return demand.size_bytes
+    n = max(1, len(demand.chunks) // demand.chunks_per_rank)
+    return call_bytes(program, demand.size_bytes / n)
+
+
+def aimed_runtime(schedule: Schedule, runtime: str) -> str:
+    """Whose limits lowering respects: the one runtime the collective targets, else `runtime`."""
+    runtimes = target_runtimes(schedule.demand.collective, runtime)
+    return runtimes[0] if len(runtimes) == 1 else runtime
+
+
+def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
+            deadline: float | None = None) -> Realisation:
+    t0 = time.perf_counter()
+    stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
+    protos = protocols(topology, options.proto)
+    if t0 > stop_at and len(protos) > 1:  # out of time: lower for the protocol of the best ideal program
+        protos = (min(protos, key=lambda p: simulate(topology, schedule, p).finish_time_s),)
+    base = replace(options, runtime=aimed_runtime(schedule, runtime))
+    fixed = options.instances != 0
+    counts = [options.instances] if fixed else [1]
+    tried: list[tuple[str, int, float]] = []
+    best: tuple[float, str, int, Program, ProgramTiming] | None = None
+    stopped = None
+    while counts:
+        k = counts.pop()
+        try:
+            timed = _time_all(schedule, topology, replace(base, instances=k), protos)
+        except CompileError as e:
+            if best is None or fixed:
+                raise
+            stopped = f"{k} would not fit ({e})"
+            break
+        tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
+        p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
+        improved = best is None or timing.finish_time_s < PAYS * best[0]
+        if best is None or timing.finish_time_s < best[0]:
+            best = (timing.finish_time_s, p, k, prog, timing)
+        if not fixed and improved and 2 * k <= MAX_INSTANCES and time.perf_counter() < stop_at:
+            counts.append(2 * k)
+    _, p, k, program, timing = best
+    return Realisation(program, timing, k, tuple(tried), stopped)
+
+
+def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions,
+              protos: tuple[str, ...]) -> dict[str, tuple[Program, ProgramTiming]]:
+    """Each protocol's program and its time; one lowering per distinct number of connection slots."""
+    lowered: dict[int, Program] = {}
+    out = {}
+    for p in protos:
+        if SLOTS[p] not in lowered:
+            lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
+        program = replace(lowered[SLOTS[p]], proto=p)
+        out[p] = (program, time_program(program, topology, size_of(schedule, program)))
+    return out

@@ -1,0 +1,88 @@
+"""The runtime cost model in the timers, and choices made by the program's time (issue 12)."""
+
+import pytest
+
+from compiler.analysis.bounds import lower_bound
+from compiler.analysis.simulate import simulate
+from compiler.lowering.lower import LowerOptions, lower
+from compiler.model.demand import make_demand
+from compiler.pipeline import CompileOptions, compile
+from compiler.planners import PlanOptions, plan
+from compiler.program.timing import time_program
+from compiler.specs.errors import CompileError
+
+MiB = 2**20
+
+
+def one_way(topo, nbytes):
+    """A 2-GPU broadcast: one transfer, on a link one thread block fills (synthetic: 25 GB/s)."""
+    return plan(topo, make_demand("broadcast", 2, nbytes, 1, 0), PlanOptions(method="direct"))
+
+
+@pytest.mark.parametrize("chunk", [MiB, 8 * MiB])
+def test_one_send_costs_launch_pieces_steps_and_alpha(topo, chunk):
+    t = topo("fully-connected:2")
+    cost = t.costs.protocol("Simple")
+    link = t.links[0]
+    pieces = -(-chunk // cost.iteration_bytes)
+    expected = cost.launch + pieces * (chunk / pieces / (link.bandwidth * cost.efficiency)
+                                       + cost.step_time(link.kind)) + link.alpha
+    schedule = one_way(t, chunk)
+    program = lower(schedule, t, LowerOptions(proto="Simple"))
+    timed = time_program(program, t, chunk)
+    assert timed.iterations == pieces
+    assert timed.finish_time_s == pytest.approx(expected, rel=1e-9)
+    # one model, two inputs: the schedule as the ideal program takes as long on one lane
+    assert simulate(t, schedule, "Simple").finish_time_s == pytest.approx(expected, rel=1e-9)
+    # without the runtime costs, the timer is alpha-beta
+    plain = time_program(program, t, chunk, runtime_costs=False)
+    assert plain.finish_time_s == pytest.approx(chunk / link.bandwidth + link.alpha, rel=1e-9)
+
+
+def test_one_thread_block_cannot_fill_a_switch_port_and_instances_help(topo):
+    t = topo("dgx-a100")
+    schedule = plan(t, make_demand("allgather", 8, 64 * MiB), PlanOptions(method="ring"))
+    one = time_program(lower(schedule, t, LowerOptions(proto="Simple")), t, 64 * MiB).finish_time_s
+    eight = time_program(lower(schedule, t, LowerOptions(proto="Simple", instances=8)), t, 64 * MiB).finish_time_s
+    cost = t.costs.protocol("Simple")
+    # each ring hop moves 7 chunks of 8 MiB; one thread block moves them at most at its cap
+    assert one >= 7 * 8 * MiB / cost.tb_rate("nvlink")
+    assert eight < one / 4
+
+
+@pytest.mark.parametrize("size, expected", [(4096, "LL"), (256 * MiB, "Simple")])
+def test_proto_and_instances_auto_pick_the_fastest_program(topo, size, expected):
+    t = topo("dgx-a100")
+    result = compile(t, make_demand("allgather", 8, size), CompileOptions(PlanOptions(method="ring")))
+    chosen = result.timing.finish_time_s
+    assert result.program.proto == expected
+    for proto in ("Simple", "LL", "LL128"):
+        other = lower(result.schedule, t, LowerOptions(proto=proto, instances=1))
+        assert chosen <= time_program(other, t, size).finish_time_s * (1 + 1e-9)
+    assert any(n.startswith("program: ") and "runner-up" in n for n in result.notes)
+    summary = result.summary()
+    assert summary["transfer_time_s"] == chosen and summary["proto"] == expected
+    assert summary["planned_transfer_time_s"] == simulate(t, result.schedule, expected).finish_time_s
+
+
+def test_program_bound_is_no_less_than_alpha_beta_and_ratios_stay_below_one(topo):
+    t = topo("dgx-a100")
+    result = compile(t, make_demand("allgather", 8, 4096), CompileOptions(PlanOptions(method="ring")))
+    plain = lower_bound(t, "allgather", 4096).time_s
+    assert result.planned.lower_bound_s > plain  # launch and one step are paid by any program
+    assert 0 < result.bound_ratio <= result.planned.bound_ratio <= 1 + 1e-9
+
+
+def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):
+    t = topo("dgx-a100")
+    refused = []
+
+    def judge(schedule):
+        if schedule.planner == "direct":
+            refused.append(schedule.planner)
+            raise CompileError("rank 0 needs 99 thread blocks; the runtime allows 63")
+        return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
+
+    s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=20, judge=judge))
+    assert refused and s.planner != "direct"
+    assert any("cannot be written" in n and "99 thread blocks" in n for n in s.notes)
