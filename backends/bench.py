@@ -603,8 +603,8 @@ def _cases(coll: str, sizes: list[int], n: int, itemsize: int, inplace: bool, xm
             notes.append(f"size {size} B rounded down to {E * itemsize} B (whole chunks)")
         root = None
         if coll in ("broadcast", "reduce", "scatter", "gather"):
-            from compiler.program.interpret import _root_candidates
-            root = _root_candidates(program)[0] if program is not None else 0
+            from compiler.program.semantics import root_candidates
+            root = root_candidates(program)[0] if program is not None else 0
         cases.append(_Case(k, size, E, algo, program, root))
     return cases
 

@@ -94,8 +94,9 @@ from compiler.specs.runtimes import NAMES
 from compiler.specs.errors import CompileError
 from compiler.fileio import read_input
 from compiler.model.program import RECVS, SENDS, Program
-from compiler.program.verify import STATIC_RULES, STRUCTURAL, connections, expected_chunks, limits_for
-from compiler.program.interpret import Machine, _root_candidates, initial_memory
+from compiler.program.interpret import UNBOUNDED, trace
+from compiler.program.rules import STRUCTURAL, static_findings
+from compiler.program.semantics import connections, expected_chunks, root_candidates
 
 __all__ = [
     "RUNTIMES", "ExecutionError", "AlgoHeader", "read_header", "algorithm_files", "msccl_env", "msccl_environment",
@@ -478,18 +479,6 @@ class ExecPlan:
     receivers: Any = field(default=None, compare=False, repr=False)  # (src, dst, chan) -> [(tb id, step)]
 
 
-class _OrderMachine(Machine):
-    """The verifier's machine, recording the order in which steps complete."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.order: list[tuple[int, int, int]] = []
-
-    def finish_step(self, tb, st):
-        self.order.append((tb.rank, tb.tb.id, tb.pc))
-        super().finish_step(tb, st)
-
-
 def prepare(program: Program, inplace: bool = False) -> ExecPlan:
     """Checks that `program` can execute and fixes the global step order (see the module doc).
     Raises ExecutionError with the verifier's one-line finding for a structural problem (broken
@@ -500,8 +489,7 @@ def prepare(program: Program, inplace: bool = False) -> ExecPlan:
 
 @lru_cache(maxsize=64)
 def _prepare(p: Program, inplace: bool) -> ExecPlan:
-    lim = limits_for("executor")
-    fatal = [f for rule in STATIC_RULES for f in rule(p, lim) if f.rule in _FATAL_STATIC]
+    fatal = static_findings(p, only=_FATAL_STATIC)
     if p.collective == "custom" and any(g.i_chunks <= 0 for g in p.gpus):
         raise ExecutionError(f"{p.name}: a custom collective needs i_chunks > 0 on every rank")
     n_in, n_out = io_chunks(p)
@@ -510,11 +498,8 @@ def _prepare(p: Program, inplace: bool) -> ExecPlan:
     if fatal:
         more = f" (and {len(fatal) - 1} more)" if len(fatal) > 1 else ""
         raise ExecutionError(f"{p.name}: cannot run: {fatal[0].message}{more}")
-    addrs, size, init, enc = initial_memory(p, inplace)
-    m = _OrderMachine(p, connections(p), addrs, size, init, enc)
-    for c in m.conns:
-        c.cap = 1 << 62  # gloo buffers: no slot limit
-    findings = m.run()
+    m = trace(p, inplace, slots=UNBOUNDED)  # gloo buffers: no slot limit
+    findings = m.findings
     stop = [f for f in findings if f.rule in ("deadlock", "unconsumed")]
     if stop:
         more = f" (and {len(stop) - 1} more)" if len(stop) > 1 else ""
@@ -1021,7 +1006,7 @@ def run_local_many(programs: Iterable, nprocs: int, size_bytes: int, dtype: torc
             raise CompileError(f"{label}: outofplace=0: the file is for in-place calls only; run it with --inplace")
         if inplace and not p.inplace:
             notes.append(f"{p.name} is not marked inplace=1: running it in place anyway")
-        root = _root_candidates(p)[0] if p.collective in ("broadcast", "reduce", "scatter", "gather") else None
+        root = root_candidates(p)[0] if p.collective in ("broadcast", "reduce", "scatter", "gather") else None
         prepare(p, inplace)  # refuse a program that cannot run before starting processes
         distinct = False
         if custom:
