@@ -390,9 +390,10 @@ class _Case:
 def _torch_call(coll: str, inplace: bool, rank: int, n: int, root: int | None, op: str, group=None):
     """A function(work_in) -> output running torch's collective the way nccl-tests would time it
     (no copies inside the timed call). `inplace` aliases buffers as msccl-xml.md §10 classifies."""
-    rop = td._reduce_op(op)
-    ag = td._collective_fn("all_gather_into_tensor")
-    rs = td._collective_fn("reduce_scatter_tensor")
+    from compiler.specs.collectives import _call
+    rop = td.reduce_op(op)
+    ag = _call(dist, "all_gather_into_tensor")
+    rs = _call(dist, "reduce_scatter_tensor")
 
     def window(x: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole buffer x in an in-place call (compiler.model.demand.inplace_alias,
@@ -633,7 +634,7 @@ def gpu_script(collective: str, algos: str, runtime: str = "executor", nproc: in
     import jinja2
 
     coll = canonical(collective)
-    td._check_runtime(runtime)
+    td.runtime_spec(runtime)
     source = f"--library {shlex.quote(algos)}" if not str(algos).endswith(".xml") else f"--xml {shlex.quote(algos)}"
     disable = " ".join(f"{k}={v}" for k, v in default_side_env(runtime).items() if v is not None)
     text = resources.files("templates").joinpath("bench_gpu.sh.j2").read_text(encoding="utf-8")
