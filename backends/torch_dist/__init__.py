@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {
-    "env": ("RUNTIMES", "msccl_env", "msccl_environment", "patched_environ", "apply_environ", "export_lines",
-            "algorithm_files", "check_header"),
-    "headers": ("AlgoHeader", "read_header", "check_bands", "select_algorithm", "why_not_selected", "runtime_spec"),
-    "errors": ("ExecutionError",),
-    "executor": ("ExecPlan", "prepare", "execute", "op_name", "reduce_op", "collective_elems", "io_chunks", "OPS",
-                 "first_line"),
-    "launch": ("launch_local",),
-    "reference": ("make_input", "parse_dtype", "dtype_name", "torch_collective", "compared_ranks", "expected_output",
-                  "custom_input", "custom_wrong", "distinct_values", "SPREAD", "DTYPES"),
-    "run": ("RunResult", "Job", "run_local", "run_local_many"),
-}
+_WHERE = dict(
+    env=("RUNTIMES", "msccl_env", "msccl_environment", "patched_environ", "apply_environ", "export_lines",
+         "algorithm_files", "check_header"),
+    headers=("AlgoHeader", "read_header", "check_bands", "select_algorithm", "why_not_selected", "runtime_spec"),
+    errors=("ExecutionError",),
+    executor=("ExecPlan", "prepare", "execute", "op_name", "reduce_op", "collective_elems", "io_chunks", "OPS",
+              "first_line"),
+    launch=("launch_local",),
+    reference=("make_input", "parse_dtype", "dtype_name", "torch_collective", "compared_ranks", "expected_output",
+               "custom_input", "custom_wrong", "distinct_values", "SPREAD", "DTYPES"),
+    run=("RunResult", "Job", "run_local", "run_local_many"),
+)  # module -> the names it defines
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
 
 __all__ = sorted(_MODULE)

@@ -44,7 +44,7 @@ class AlgoHeader:
     """The `<algo>` element of an MSCCL XML file: what the runtimes read for selection."""
     path: str
     name: str
-    coll: str  # the attribute as written ("reducescatter", "allgather", ...)
+    coll: str  # the attribute as written, in the file's dialect
     collective: str  # canonical (compiler.collectives) or the attribute itself when it has none
     ngpus: int
     nchunksperloop: int

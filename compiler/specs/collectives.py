@@ -59,6 +59,7 @@ class CollectiveSpec:
     phases: tuple[str, ...] = ()  # planned as these collectives one after the other (allreduce)
     flat: bool = False  # any number of chunks (not whole blocks): chunk k is the same slot on every rank
     one_buffer: bool = False  # torch's call takes one buffer (send = receive): always an in-place call
+    torch_gpu_note: str = ""  # what to know about torch's call on CUDA when timing MSCCL against it
 
     def blocks(self, which: str, n: int) -> int:
         return n if {"inp": self.inp, "out": self.out, "size": self.size}[which] == ALL else 1
@@ -69,6 +70,11 @@ class CollectiveSpec:
         if self.blocks(which, n) == self.blocks("size", n):
             return size_elems
         return size_elems // self.blocks("size", n) * self.blocks(which, n)
+
+    @property
+    def inplace_window(self) -> bool:
+        """In place, one buffer is this rank's window of the other (allgather, reduce-scatter)."""
+        return self.inplace in ("input-in-output", "output-in-input")
 
     def count_unit(self, n: int) -> int:
         """The size is a multiple of this many elements (whole blocks); nccl-tests' count is the
@@ -233,7 +239,9 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("allgather", ("all_gather", "all-gather"), False, False, ONE, ALL, ALL, _minus_one,
                    "input-in-output", _allgather, _t_allgather),
     CollectiveSpec("alltoall", ("all_to_all", "all-to-all", "a2a"), False, False, ALL, ALL, ALL, _minus_one,
-                   "same", _alltoall, _t_alltoall),
+                   "same", _alltoall, _t_alltoall,
+                   torch_gpu_note="PyTorch's all_to_all_single has used grouped send/recv on CUDA, not "
+                                  "ncclAllToAll: an alltoall file may never be selected (msccl-xml.md §12.3)"),
     CollectiveSpec("reduce_scatter", ("reducescatter", "reduce-scatter"), False, True, ALL, ONE, ALL, _minus_one,
                    "output-in-input", _reduce_scatter, _t_reduce_scatter),
     CollectiveSpec("allreduce", ("all_reduce", "all-reduce"), False, True, ALL, ALL, ALL, lambda n: 2 * (n - 1) / n,
