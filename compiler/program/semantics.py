@@ -107,10 +107,12 @@ class Interpreter:
         if t in ("r", "rcs"):
             self.write(*dst, received)
             return received if t == "rcs" else None
-        y = self.reduce(received, self.read(*src))  # rrs, rrc, rrcs: the local operand is at src
-        if t != "rrs":
-            self.write(*dst, y)
-        return y if t != "rrc" else None
+        if t in ("rrs", "rrc", "rrcs"):
+            y = self.reduce(received, self.read(*src))  # the local operand is at src
+            if t != "rrs":
+                self.write(*dst, y)
+            return y if t != "rrc" else None
+        raise ValueError(f"step type {t!r} has no semantics (the verifier's step-type rule refuses it)")
 
 
 # ---- order: dependencies and connections ---------------------------------------------------------
