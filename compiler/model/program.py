@@ -1,9 +1,10 @@
 """The MSCCL program IR: per rank, thread blocks with ordered steps. One-to-one with the XML.
 
 Nops are explicit steps (as in the XML), step indices are positions, and every field the XML
-carries is here, so writing and reading back gives the same value. The verifier and the torch
-executor are two interpreters of this IR; the lowering produces it; backends/msccl_xml.py turns it
-into text and back.
+carries is here, so writing and reading back gives the same value. What a step does is written
+once, in compiler/program/semantics.py, whose users (the verifier, the torch executor) interpret
+this IR; the step tables below are its vocabulary. The lowering produces it; backends/msccl_xml.py
+turns it into text and back.
 """
 
 from __future__ import annotations

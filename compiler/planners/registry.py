@@ -32,12 +32,13 @@ def register(name: str):
 
 MODULES = {"milp": "milp", "lp": "lp", "rounds": "rounds", "ring": "baselines", "direct": "baselines",
            "hier": "hierarchical"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
+META = {"auto": "auto"}  # planners of planners: they import this registry, never the other way round
 
 
 def get(name: str) -> Planner:
-    if name == "auto":
-        from compiler.planners.auto import plan as auto_plan
-        return auto_plan
+    if name in META:
+        import importlib
+        return importlib.import_module(f"compiler.planners.{META[name]}").plan
     if name not in MODULES:
         raise CompileError(f"method={name!r} is not a planner (known: {', '.join(METHODS)})")
     if name not in PLANNERS:

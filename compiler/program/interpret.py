@@ -1,4 +1,4 @@
-"""Symbolic execution of a Program and its postcondition (the dynamic half of compiler/verify.py).
+"""Symbolic execution of a Program: the verifier's interpreter (a user of compiler/program/semantics.py).
 
 Every thread block runs its steps in order. A step with cnt = c is c one-chunk sub-transfers (the
 worst case of msccl-xml.md §5/§7.5). A connection (rank A -> B, channel c) is a FIFO holding at most
@@ -12,16 +12,21 @@ Happens-before for the race check uses vector clocks: program order, dependency 
 joins the target's clock as published) and message edges (the receiver joins the sender's clock as
 sent). Two accesses to one chunk on one rank by different tbs, at least one a write, that are not
 ordered that way are a race.
+
+`trace(program, inplace, slots)` is the public entry: the findings, the final memory and the order
+in which steps completed (the torch executor runs steps in that order, with slots=UNBOUNDED).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-from compiler.model.demand import Chunk, Demand
-from compiler.specs.collectives import CUSTOM, SPECS, inplace_alias
-from compiler.model.program import READS_SRC, RECVS, SENDS, SLOTS, WRITES_DST, Program, ThreadBlock
-from compiler.program.verify import Finding, connections, expected_chunks, finding
+from compiler.model.program import SLOTS, Program, ThreadBlock
+from compiler.program.findings import Finding, finding
+from compiler.program.semantics import KINDS, Interpreter, connections, layout, publishes, waits
+
+UNBOUNDED = 1 << 62  # connection slots of a transport that buffers without limit (gloo)
 
 
 def _ranks(rs: list[int]) -> str:
@@ -89,8 +94,12 @@ class _Tb:
         self.blocked = None  # wake key while blocked
 
 
-class Machine:
-    def __init__(self, p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding):
+class Machine(Interpreter):
+    """The symbolic machine: values are Encoding symbols, one per chunk; `read`, `write` and
+    `reduce` (the Interpreter's hooks) act for the thread block `cur` and keep the clocks."""
+
+    def __init__(self, p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding,
+                 slots: int | None = None):
         self.p, self.addrs, self.enc = p, addrs, enc
         self.tbs: list[_Tb] = []
         self.gidx = {}
@@ -100,7 +109,7 @@ class Machine:
                 self.gidx[(g.rank, tb.id)] = len(self.tbs)
                 self.tbs.append(_Tb(len(self.tbs), g.rank, tb, ntbs))
         self.conns = []
-        cap = SLOTS[p.proto]
+        cap = SLOTS[p.proto] if slots is None else slots
         for (a, b, c), (stb, rtb) in sorted(conns.items()):
             s, r = self.tbs[self.gidx[(a, stb.id)]], self.tbs[self.gidx[(b, rtb.id)]]
             conn = _Conn(len(self.conns), (a, b, c), cap, s, r)
@@ -116,6 +125,8 @@ class Machine:
         self.waiters: dict = {}
         self.ready = deque()
         self.queued = [False] * len(self.tbs)
+        self.cur: _Tb | None = None  # the tb whose step runs
+        self.order: list[tuple[int, int, int]] = []  # (rank, tb id, step) as steps complete
 
     # ---- scheduling ----
 
@@ -161,7 +172,7 @@ class Machine:
 
     # ---- memory ----
 
-    def read(self, tb: _Tb, buf: str, off: int):
+    def _read1(self, tb: _Tb, buf: str, off: int):
         a = self.addrs[tb.rank][buf][off]
         w = self.last_w[a]
         if w is not None and not self.ordered(tb, w):
@@ -178,7 +189,7 @@ class Machine:
             return 0
         return v
 
-    def write(self, tb: _Tb, buf: str, off: int, v):
+    def _write1(self, tb: _Tb, buf: str, off: int, v):
         a = self.addrs[tb.rank][buf][off]
         w = self.last_w[a]
         if w is not None and not self.ordered(tb, w):
@@ -193,7 +204,7 @@ class Machine:
         self.reads[a] = None
         self.mem[a] = v
 
-    def reduce(self, tb: _Tb, x, y):
+    def _reduce1(self, tb: _Tb, x, y):
         if not x or not y:
             return 0  # undefined data stays undefined (reported where it was read)
         both = x & y
@@ -202,6 +213,18 @@ class Machine:
             r, j = self.enc.contributions(both)[0]
             self.add("double-count", f"reduction counts rank {r}'s i[{j}] twice", tb)
         return x | y
+
+    # ---- the Interpreter's hooks: a window of chunks is a list of symbols ----
+
+    def read(self, buf: str, off: int, cnt: int) -> list:
+        return [self._read1(self.cur, buf, off + k) for k in range(cnt)]
+
+    def write(self, buf: str, off: int, cnt: int, vals: list) -> None:
+        for k, v in enumerate(vals):
+            self._write1(self.cur, buf, off + k, v)
+
+    def reduce(self, xs: list, ys: list) -> list:
+        return [self._reduce1(self.cur, x, y) for x, y in zip(xs, ys)]
 
     # ---- reporting ----
 
@@ -240,10 +263,11 @@ class Machine:
         sub = f" (sub-transfer {tb.sub + 1} of {st.cnt})" if st.cnt > 1 and kind != "f" else ""
         return finding("deadlock", why + sub, tb.rank, tb.tb.id, tb.pc, st.type)
 
-    # ---- the interpreter ----
+    # ---- running thread blocks ----
 
     def finish_step(self, tb: _Tb, st):
-        if st.hasdep and st.type != "nop":
+        self.order.append((tb.rank, tb.tb.id, tb.pc))
+        if publishes(st):
             tb.pub = tb.pc
             tb.pub_snap = (tb.g, tb.t, tb.vc)
             self.wake(("f", tb.g))
@@ -254,52 +278,36 @@ class Machine:
     def advance(self, tb: _Tb):
         """Runs `tb` until it finishes (returns None) or blocks (returns what it waits for)."""
         steps = tb.steps
+        self.cur = tb
         while tb.pc < len(steps):
             st = steps[tb.pc]
             if not tb.waited:
-                if st.depid >= 0:
+                if waits(st):
                     target = self.tbs[self.gidx[(tb.rank, st.depid)]]
                     if target.pub < st.deps:
                         return ("f", target.g)
                     self.join(tb, target.pub_snap)
                 tb.waited = True
-            typ = st.type
-            if typ == "nop":
-                pass
-            elif typ == "cpy":
-                tb.t += 1
-                vals = [self.read(tb, st.srcbuf, st.srcoff + k) for k in range(st.cnt)]
-                for k, v in enumerate(vals):
-                    self.write(tb, st.dstbuf, st.dstoff + k, v)
-            elif typ == "re":
-                tb.t += 1
-                for k in range(st.cnt):
-                    x = self.read(tb, st.dstbuf, st.dstoff + k)
-                    y = self.reduce(tb, x, self.read(tb, st.srcbuf, st.srcoff + k))
-                    self.write(tb, st.dstbuf, st.dstoff + k, y)
+            kind = KINDS[st.type]
+            if kind.local:
+                if kind.acts:
+                    tb.t += 1
+                    self.step(st)
             else:
-                recv, send = typ in RECVS, typ in SENDS
+                recv, send = kind.receives, kind.sends
                 inc, out = tb.inc, tb.out
-                while tb.sub < st.cnt:
+                while tb.sub < st.cnt:  # one sub-transfer (one chunk) at a time: the slots bound chunks
                     if recv and not inc.q:
                         return ("d", inc.id)
                     if send and len(out.q) >= out.cap:
                         return ("s", out.id)
-                    k = tb.sub
                     tb.t += 1
+                    x = None
                     if recv:
                         x, snap = inc.q.popleft()
                         self.wake(("s", inc.id))
                         self.join(tb, snap)
-                    if typ == "s":
-                        y = self.read(tb, st.srcbuf, st.srcoff + k)
-                    elif typ in ("r", "rcs"):
-                        y = x
-                        self.write(tb, st.dstbuf, st.dstoff + k, y)
-                    else:  # rrs, rrc, rrcs: the local operand is at src
-                        y = self.reduce(tb, x, self.read(tb, st.srcbuf, st.srcoff + k))
-                        if typ != "rrs":
-                            self.write(tb, st.dstbuf, st.dstoff + k, y)
+                    y = self.step(st, x, tb.sub, 1)
                     if send:
                         out.q.append((y, (tb.g, tb.t, tb.vc)))
                         self.wake(("d", out.id))
@@ -308,90 +316,16 @@ class Machine:
         return None
 
 
-def execute(p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding):
-    """Runs the program; returns (findings, final memory indexed by the flat addresses in `addrs`)."""
-    m = Machine(p, conns, addrs, size, init, enc)
-    return m.run(), m.mem
+# ---- a call's memory and the public entry --------------------------------------------------------
 
-
-# ---- the postcondition ---------------------------------------------------------------------------
-
-def standard_demand(p: Program, root: int | None = None) -> Demand | None:
-    """The postcondition of a standard collective from the header alone (msccl-xml.md §4)."""
-    cs = SPECS.get(p.collective)
-    shapes = cs.file_chunks(p.ngpus, p.nchunksperloop, root) if cs is not None and p.ngpus >= 1 else None
-    if shapes is None:
-        return None
-    n_in, n_out = expected_chunks(p)
-    chunks = tuple(Chunk(k, *shape) for k, shape in enumerate(shapes))
-    return Demand(cs.name, p.ngpus, chunks, 1.0, p.nchunksperloop, max(1, p.nchunksperloop // cs.blocks("size", p.ngpus)),
-                  cs.reduces, root, n_in, n_out)
-
-
-def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc: Encoding) -> list[Finding]:
-    out = []
-    for c in demand.chunks:
-        for s, si in zip(c.sources, c.src_index):
-            if not (0 <= s < p.ngpus and 0 <= si < enc.width):
-                out.append(finding("postcondition", f"the demand's chunk {c.id} starts at rank {s} i[{si}], "
-                                                    f"outside the program's buffers"))
-        if demand.reduce:
-            want = 0
-            for s, si in zip(c.sources, c.src_index):
-                want |= enc.bit(s, si)
-            ok = {want}
-        else:
-            ok = {enc.bit(s, si) for s, si in zip(c.sources, c.src_index)}
-        for d, di in zip(c.dests, c.dst_index):
-            if not (0 <= d < len(addrs) and 0 <= di < len(addrs[d]["o"])):
-                out.append(finding("postcondition", f"o[{di}] should receive chunk {c.id}, but rank {d} has "
-                                                    f"o_chunks={len(addrs[d]['o']) if 0 <= d < len(addrs) else 0}", d))
-                continue
-            got = mem[addrs[d]["o"][di]]
-            if got not in ok:
-                want_s = " or ".join(sorted(enc.describe(v) for v in ok))
-                out.append(finding("postcondition", f"{_out_name(p, addrs, d, di)} should hold {want_s}, but holds "
-                                                    f"{enc.describe(got)}", d))
-    return out
-
-
-def _out_name(p: Program, addrs: list[dict], rank: int, k: int) -> str:
-    """o[k], with the input chunk it is in place where the file declares no output (o_chunks=0)."""
-    a = addrs[rank]["o"][k]
-    if p.gpus[rank].o_chunks > 0 or a not in addrs[rank]["i"]:
-        return f"o[{k}]"
-    return f"o[{k}] (i[{addrs[rank]['i'].index(a)}] in place)"
-
-
-def _root_candidates(p: Program) -> list[int]:
-    """Ranks in the order we try them as root: for broadcast/scatter those that read their input,
-    for reduce/gather those that write their output, then the rest."""
-    reads_i, writes_o = [], []
-    for g, tb, st in ((g, tb, st) for g in p.gpus for tb in g.tbs for st in tb.steps):
-        if st.type in READS_SRC and st.srcbuf == "i" and g.rank not in reads_i:
-            reads_i.append(g.rank)
-        if st.type in WRITES_DST and st.dstbuf == "o" and g.rank not in writes_o:
-            writes_o.append(g.rank)
-    first = reads_i if SPECS[p.collective].root_sends() else writes_o
-    if len(first) != 1:
-        first = []  # no single rank stands out: try them in rank order
-    return first + [r for r in range(p.ngpus) if r not in first]
-
-
-def _layout(p: Program, inplace: bool):
-    """Flat addresses of every (rank, buffer, chunk) and the input chunks per rank. Out of place
-    the three buffers are separate, sized as declared. In place, the aliasing of
-    compiler.model.demand.inplace_alias: the base buffer has at least the size msccl-xml.md §4
-    gives it, and the view's chunks are addresses inside it (a view declared with 0 chunks, as
-    msccl-tools writes it, still has its §4 size)."""
-    exp = expected_chunks(p)
+def addresses(p: Program, inplace: bool):
+    """Flat addresses of every (rank, buffer, chunk) and the input chunks per rank, for the buffers
+    of compiler.program.semantics.layout: in place the view's chunks are addresses inside the base
+    (a view chunk beyond the base gets an address of its own)."""
     addrs, n_in, nxt = [], [], 0
     for g in p.gpus:
-        size = {b: max(g.chunks(b), 0) for b in "ios"}
-        alias = inplace_alias(p.collective, g.rank, *exp) if inplace and exp else None
-        if alias is not None:
-            for b, want in zip("io", exp):
-                size[b] = max(size[b], want)
+        lay = layout(p, g.rank, inplace)
+        size, alias = lay.chunks, lay.alias
         bufs = {}
         for b in "osi":
             if alias is not None and b == alias.view:
@@ -414,33 +348,27 @@ def _layout(p: Program, inplace: bool):
 def initial_memory(p: Program, inplace: bool):
     """(addresses, memory size, initial contents, encoding) of a call of `p`: every rank's input
     chunk j holds the symbol of (rank, j)."""
-    addrs, n_in, size = _layout(p, inplace)
+    addrs, n_in, size = addresses(p, inplace)
     enc = Encoding(max(n_in, default=1))
     init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
     return addrs, size, init, enc
 
 
-def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
-    """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
-    or the standard collective's derived from the header (for a rooted one, the root that fits,
-    trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
+@dataclass(frozen=True)
+class Trace:
+    """A symbolic run of one call: what went wrong, the final memory (symbols at the flat
+    `addresses`), and the order steps completed in: (rank, tb id, step index)."""
+    findings: tuple[Finding, ...]
+    memory: list
+    addresses: list[dict]
+    encoding: Encoding
+    order: tuple[tuple[int, int, int], ...]
+
+
+def trace(p: Program, inplace: bool = False, slots: int | None = None) -> Trace:
+    """Runs `p` as one call (in place or not) with `slots` messages in flight per connection
+    (default: the protocol's, SLOTS[proto]; UNBOUNDED for a transport that buffers them all)."""
     addrs, size, init, enc = initial_memory(p, inplace)
-    findings, mem = execute(p, connections(p), addrs, size, init, enc)
-    if any(f.rule == "deadlock" for f in findings):
-        return findings  # the outputs of a run that did not finish say nothing more
-    if demand is not None:
-        return findings + postcondition(p, demand, mem, addrs, enc)
-    if p.collective in SPECS and SPECS[p.collective].rooted:
-        tried = []
-        for root in _root_candidates(p):
-            got = postcondition(p, standard_demand(p, root), mem, addrs, enc)
-            if not got:
-                return findings
-            tried.append(got)
-        return findings + (tried[0] if tried else [])
-    d = standard_demand(p)
-    if d is None:
-        why = ("a custom collective needs a demand to state its postcondition" if p.collective == CUSTOM else
-               f"no postcondition for {p.collective!r} with ngpus={p.ngpus}, nchunksperloop={p.nchunksperloop}")
-        return findings + [finding("postcondition", why)]
-    return findings + postcondition(p, d, mem, addrs, enc)
+    m = Machine(p, connections(p), addrs, size, init, enc, slots)
+    findings = m.run()
+    return Trace(tuple(findings), m.mem, addrs, enc, tuple(m.order))

@@ -1,36 +1,28 @@
 """The verifier: proves a Program safe for the MSCCL runtimes and correct for its collective.
 
-Two parts. Static rules (one function each, named after the rule id they report) check what the
-runtime parsers check plus everything msccl-xml.md §13 says they do not: limits, connections,
-FIFO pairing, dependencies and nops. The dynamic part (compiler/verify_exec.py) executes the
-program symbolically with bounded connection slots and reports deadlocks, races, reads of
-undefined data and double-counted reductions; the final output buffers are compared here with
-the collective's postcondition.
+Two parts. The static rules (compiler/program/rules.py) check what the runtime parsers check plus
+everything msccl-xml.md §13 says they do not. The dynamic part runs the program symbolically
+(compiler/program/interpret.py, with bounded connection slots) and reports deadlocks, races,
+reads of undefined data and double-counted reductions; the final output buffers are compared here
+with the collective's postcondition.
 
 Bad programs never raise: every problem is a Finding. Only a bad `runtime` argument raises.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
-from compiler.model.demand import Demand
-from compiler.specs.collectives import CUSTOM, SPECS, inplace_alias
-from compiler.specs.runtimes import (MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET, MAX_TBS_PER_CHANNEL,
-                                    Limits, judged_runtimes, limits_for)
-from compiler.model.program import BUFFERS, PROTOCOLS, READS_SRC, RECVS, SENDS, STEP_TYPES, WRITES_DST, Program, ThreadBlock
+from compiler.model.demand import Chunk, Demand
+from compiler.model.program import Program
+from compiler.program.findings import Finding, finding
+from compiler.program.interpret import Encoding, trace
+from compiler.program.rules import STRUCTURAL, co_residency, static_findings
+from compiler.program.semantics import expected_chunks, root_candidates
+from compiler.specs.collectives import CUSTOM, SPECS
+from compiler.specs.runtimes import ALL, judged_runtimes
 
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str  # short stable id: "fifo-order", "cnt-mismatch", "hasdep", "deadlock", "postcondition", ...
-    message: str  # one line naming the rule, rank, thread block and step
-    rank: int = -1
-    tb: int = -1
-    step: int = -1
+__all__ = ["Finding", "Verdict", "verify", "dynamic", "postcondition", "standard_demand"]
 
 
 @dataclass(frozen=True)
@@ -47,433 +39,14 @@ class Verdict:
         return self.findings[0].message + (f" (and {more} more)" if more else "")
 
 
-def finding(rule: str, text: str, rank: int = -1, tb: int = -1, step: int = -1, stype: str = "") -> Finding:
-    where = []
-    if rank >= 0:
-        where.append(f"rank {rank}")
-    if tb >= 0:
-        where.append(f"tb {tb}")
-    if step >= 0:
-        where.append(f"step {step}" + (f" ({stype})" if stype else ""))
-    loc = " ".join(where)
-    return Finding(rule, f"{rule}: {loc}: {text}" if loc else f"{rule}: {text}", rank, tb, step)
-
-
-def _tbs(p: Program) -> Iterable[tuple[int, ThreadBlock]]:
-    for g in p.gpus:
-        for tb in g.tbs:
-            yield g.rank, tb
-
-
-def _steps(p: Program):
-    for g in p.gpus:
-        for tb in g.tbs:
-            for s, st in enumerate(tb.steps):
-                yield g, tb, s, st
-
-
-def expected_chunks(p: Program) -> tuple[int, int] | None:
-    """(i_chunks, o_chunks) that msccl-xml.md §4 prescribes for nchunksperloop N, None where it
-    says nothing. custom (legacy only) has m = 1 for both buffers in legacy's check (§2.2)."""
-    n, N = p.ngpus, p.nchunksperloop
-    if p.collective == CUSTOM:
-        return N, N
-    cs = SPECS.get(p.collective)
-    if cs is None or n < 1:
-        return None
-    size = cs.blocks("size", n)
-    return N * cs.blocks("inp", n) // size, N * cs.blocks("out", n) // size
-
-
-# ---- header rules --------------------------------------------------------------------------------
-
-def proto(p: Program, lim: Limits) -> list[Finding]:
-    if p.proto in PROTOCOLS:
-        return []
-    return [finding("proto", f"proto {p.proto!r} is not one of {', '.join(PROTOCOLS)}")]
-
-
-def nchannels(p: Program, lim: Limits) -> list[Finding]:
-    if 1 <= p.nchannels <= MAX_CHANNELS:
-        return []
-    return [finding("nchannels", f"nchannels={p.nchannels} must be in 1..{MAX_CHANNELS}")]
-
-
-def nchunksperloop(p: Program, lim: Limits) -> list[Finding]:
-    return [] if p.nchunksperloop >= 1 else [finding("nchunksperloop", f"nchunksperloop={p.nchunksperloop} < 1")]
-
-
-def gpu_ids(p: Program, lim: Limits) -> list[Finding]:
-    ranks = [g.rank for g in p.gpus]
-    if p.ngpus >= 1 and ranks == list(range(p.ngpus)):
-        return []
-    return [finding("gpu-ids", f"gpu ids are {ranks[:8]}{'...' if len(ranks) > 8 else ''}, "
-                               f"expected 0..{p.ngpus - 1} in order (ngpus={p.ngpus})")]
-
-
-def inplace_flags(p: Program, lim: Limits) -> list[Finding]:
-    if not (p.inplace or p.outofplace):
-        return [finding("inplace-flags", "neither inplace nor outofplace is set: no call can use the algorithm")]
-    if p.inplace and inplace_alias(p.collective, 0, 1, 1) is None:
-        return [finding("inplace-flags", f"inplace=1, but {p.collective} has no in-place form (msccl-xml.md §10): "
-                                         "an in-place call of it cannot be judged")]
-    return []
-
-
-def coll(p: Program, lim: Limits) -> list[Finding]:
-    if p.collective in lim.colls:
-        return []
-    return [finding("coll", f"collective {p.collective!r} is not accepted by the target runtime "
-                            f"(accepted: {', '.join(sorted(lim.colls))})")]
-
-
-def buffer_size(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    cs = SPECS.get(p.collective)
-    if cs is not None and p.ngpus > 0 and not cs.fits(p.ngpus, p.nchunksperloop):
-        out.append(finding("buffer-size", f"{p.collective}: nchunksperloop={p.nchunksperloop} is not a multiple "
-                                          f"of ngpus={p.ngpus}"))
-    exp = expected_chunks(p)
-    for g in p.gpus:
-        for buf in BUFFERS:
-            if g.chunks(buf) < 0:
-                out.append(finding("buffer-size", f"{buf}_chunks={g.chunks(buf)} < 0", g.rank))
-        # 0 is allowed: legacy skips the check, and msccl-tools writes i_chunks=0 for in-place allgather
-        if exp is not None:
-            for buf, want in zip("io", exp):
-                if g.chunks(buf) not in (0, want):
-                    out.append(finding("buffer-size", f"{buf}_chunks={g.chunks(buf)}, but {p.collective} with "
-                                                      f"nchunksperloop={p.nchunksperloop} needs {want}", g.rank))
-    return out
-
-
-# ---- thread-block rules --------------------------------------------------------------------------
-
-def tb_ids(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g in p.gpus:
-        ids = sorted(tb.id for tb in g.tbs)
-        if ids != list(range(len(ids))):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            missing = sorted(set(range(len(ids))) - set(ids))
-            what = f"duplicate ids {dup}" if dup else f"thread block {missing[0]} is missing"
-            out.append(finding("tb-ids", f"tb ids must be 0..{len(ids) - 1} without gaps: {what}", g.rank))
-    return out
-
-
-def tb_count(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("tb-count", f"{len(g.tbs)} thread blocks; the runtime needs fewer than {lim.max_tbs}", g.rank)
-            for g in p.gpus if len(g.tbs) >= lim.max_tbs]
-
-
-def co_residency(p: Program, sms: int | None) -> list[Finding]:
-    if sms is None:
-        return []
-    return [finding("co-residency", f"{len(g.tbs)} thread blocks are not all co-resident on {sms} SMs "
-                                    f"(they spin-wait on each other)", g.rank)
-            for g in p.gpus if len(g.tbs) >= sms]
-
-
-def peer(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for r, tb in _tbs(p):
-        for kind, v in (("send", tb.send), ("recv", tb.recv)):
-            if v != -1 and not (0 <= v < p.ngpus and v != r):
-                out.append(finding("peer", f"{kind}={v} must be -1 or another rank in 0..{p.ngpus - 1}", r, tb.id))
-    return out
-
-
-def chan(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("chan", f"chan={tb.chan} must be in 0..{min(p.nchannels, MAX_CHANNELS + 1) - 1} "
-                            f"(nchannels={p.nchannels})", r, tb.id)
-            for r, tb in _tbs(p) if not 0 <= tb.chan < min(p.nchannels, MAX_CHANNELS + 1)]
-
-
-def conn_unique(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g in p.gpus:
-        for kind in ("send", "recv"):
-            users = defaultdict(list)
-            for tb in g.tbs:
-                if getattr(tb, kind) >= 0:
-                    users[(getattr(tb, kind), tb.chan)].append(tb.id)
-            for (q, c), ids in sorted(users.items()):
-                if len(ids) > 1:
-                    out.append(finding("conn-unique", f"tbs {ids} all {kind} {'to' if kind == 'send' else 'from'} "
-                                                      f"rank {q} on channel {c}; one tb per peer and channel",
-                                       g.rank, ids[1]))
-    return out
-
-
-def channel_tbs(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g in p.gpus:
-        for kind in ("send", "recv"):
-            per = defaultdict(int)
-            for tb in g.tbs:
-                per[tb.chan] += getattr(tb, kind) >= 0
-            out += [finding("channel-tbs", f"{k} tbs with a {kind} peer on channel {c} (at most "
-                                           f"{MAX_TBS_PER_CHANNEL})", g.rank)
-                    for c, k in sorted(per.items()) if k > MAX_TBS_PER_CHANNEL]
-    return out
-
-
-def conn_symmetry(p: Program, lim: Limits) -> list[Finding]:
-    sends = {(r, tb.send, tb.chan): tb.id for r, tb in _tbs(p) if tb.send >= 0}
-    recvs = {(tb.recv, r, tb.chan): tb.id for r, tb in _tbs(p) if tb.recv >= 0}
-    out = []
-    for (a, b, c), t in sorted(sends.items()):
-        if (a, b, c) not in recvs:
-            out.append(finding("conn-symmetry", f"sends to rank {b} on channel {c}, but rank {b} has no tb with "
-                                                f"recv={a} chan={c}", a, t))
-    for (a, b, c), t in sorted(recvs.items()):
-        if (a, b, c) not in sends:
-            out.append(finding("conn-symmetry", f"receives from rank {a} on channel {c}, but rank {a} has no tb with "
-                                                f"send={b} chan={c}", b, t))
-    return out
-
-
-def max_steps(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("max-steps", f"{len(tb.steps)} steps (nops included); the runtime allows {lim.max_steps}", r, tb.id)
-            for r, tb in _tbs(p) if len(tb.steps) > lim.max_steps]
-
-
-def nodes(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g in p.gpus:
-        k = 1 + p.ngpus + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs)
-        if k > MAX_NODES:
-            out.append(finding("nodes", f"the file stores {k} XML nodes for this rank (1 + ngpus + tbs + steps); "
-                                        f"the reader allows {MAX_NODES}", g.rank))
-    return out
-
-
-# ---- step rules ----------------------------------------------------------------------------------
-
-def step_type(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        if st.type == "ra":
-            out.append(finding("step-type", "type 'ra': legacy parses it but silently ends the thread block there",
-                               g.rank, tb.id, s))
-        elif st.type not in STEP_TYPES:
-            out.append(finding("step-type", f"type {st.type!r} is not one of {' '.join(STEP_TYPES)}", g.rank, tb.id, s))
-    return out
-
-
-def buffer(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        for f, v in (("srcbuf", st.srcbuf), ("dstbuf", st.dstbuf)):
-            if v not in BUFFERS:
-                out.append(finding("buffer", f"{f}={v!r} must be i, o or s (nops included)", g.rank, tb.id, s, st.type))
-    return out
-
-
-def cnt(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        lo = 0 if st.type == "nop" else 1
-        if not lo <= st.cnt <= MAX_CNT:
-            out.append(finding("cnt", f"cnt={st.cnt} must be in {lo}..{MAX_CNT}", g.rank, tb.id, s, st.type))
-    return out
-
-
-def offset(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        for which, buf, off in (("src", st.srcbuf, st.srcoff), ("dst", st.dstbuf, st.dstoff)):
-            used = st.type in (READS_SRC if which == "src" else WRITES_DST)
-            if not -1 <= off <= MAX_OFFSET:
-                out.append(finding("offset", f"{which}off={off} does not fit the XML's int16",
-                                   g.rank, tb.id, s, st.type))
-            elif used and buf in BUFFERS and st.cnt >= 1:
-                n = g.chunks(buf)
-                if off < 0 or off + st.cnt > n:
-                    out.append(finding("offset", f"{which} {buf}[{off}:{off + st.cnt}] is outside {buf} "
-                                                 f"({buf}_chunks={n})", g.rank, tb.id, s, st.type))
-    return out
-
-
-def no_peer(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        if st.type in SENDS and tb.send < 0:
-            out.append(finding("no-peer", "sends, but the tb has send=-1", g.rank, tb.id, s, st.type))
-        if st.type in RECVS and tb.recv < 0:
-            out.append(finding("no-peer", "receives, but the tb has recv=-1", g.rank, tb.id, s, st.type))
-    return out
-
-
-def _dep_target(p: Program, rank: int, depid: int, deps: int):
-    """The step a dependency names, or None."""
-    if not 0 <= rank < len(p.gpus):
-        return None
-    tbs = {tb.id: tb for tb in p.gpus[rank].tbs}
-    tb = tbs.get(depid)
-    if tb is None or not 0 <= deps < len(tb.steps):
-        return None
-    return tb.steps[deps]
-
-
-def dep_target(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        ids = {t.id: t for t in g.tbs}
-        bad = None
-        if st.depid == -1:
-            if st.deps != -1:
-                bad = f"deps={st.deps} without a depid"
-        elif st.depid < -1:
-            bad = f"depid={st.depid} must be -1 or a tb id"
-        elif st.depid == tb.id:
-            bad = "depends on its own thread block (program order already orders it; a later step hangs)"
-        elif st.depid not in ids:
-            bad = f"depid={st.depid}: this rank has no such thread block"
-        elif not 0 <= st.deps < len(ids[st.depid].steps):
-            bad = f"deps={st.deps}: tb {st.depid} has steps 0..{len(ids[st.depid].steps) - 1}"
-        if bad:
-            out.append(finding("dep-target", bad, g.rank, tb.id, s, st.type))
-    return out
-
-
-def depid_range(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("depid-range", f"depid={st.depid} does not fit the runtime's int8 (at most {MAX_DEPID})",
-                    g.rank, tb.id, s, st.type) for g, tb, s, st in _steps(p) if st.depid > MAX_DEPID]
-
-
-def hasdep(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        if st.depid >= 0 and st.depid != tb.id:
-            t = _dep_target(p, g.rank, st.depid, st.deps)
-            if t is not None and t.type != "nop" and not t.hasdep:
-                out.append(finding("hasdep", f"waits for tb {st.depid} step {st.deps}, which has hasdep=0 "
-                                             f"(never published: the wait hangs or ends late)",
-                                   g.rank, tb.id, s, st.type))
-    return out
-
-
-def dep_on_nop(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        if st.depid >= 0 and st.depid != tb.id:
-            t = _dep_target(p, g.rank, st.depid, st.deps)
-            if t is not None and t.type == "nop":
-                out.append(finding("dep-on-nop", f"waits for tb {st.depid} step {st.deps}, a nop (nops never "
-                                                 f"publish their step)", g.rank, tb.id, s, st.type))
-    return out
-
-
-def nop_dep(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("nop-dep", "a nop without a dependency (it shifts every later step number)",
-                    g.rank, tb.id, s, "nop")
-            for g, tb, s, st in _steps(p) if st.type == "nop" and st.depid < 0]
-
-
-def nop_chain(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for g, tb, s, st in _steps(p):
-        if s > 0 and st.type != "nop" and tb.steps[s - 1].type == "nop" and st.depid < 0:
-            out.append(finding("nop-chain", "follows a nop but has no dependency of its own (the parser rejects it)",
-                               g.rank, tb.id, s, st.type))
-    return out
-
-
-def trailing_nop(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("trailing-nop", "nops at the end of the tb are dropped by the parser, with their dependencies",
-                    r, tb.id, len(tb.steps) - 1, "nop")
-            for r, tb in _tbs(p) if tb.steps and tb.steps[-1].type == "nop"]
-
-
-# ---- connection rules ----------------------------------------------------------------------------
-
-def connections(p: Program) -> dict[tuple[int, int, int], tuple[ThreadBlock, ThreadBlock]]:
-    """(sender rank, receiver rank, channel) -> (sender tb, receiver tb), where both ends are unique."""
-    sends, recvs = defaultdict(list), defaultdict(list)
-    for r, tb in _tbs(p):
-        if tb.send >= 0:
-            sends[(r, tb.send, tb.chan)].append(tb)
-        if tb.recv >= 0:
-            recvs[(tb.recv, r, tb.chan)].append(tb)
-    return {k: (v[0], recvs[k][0]) for k, v in sends.items() if len(v) == 1 and len(recvs.get(k, ())) == 1}
-
-
-def _pairs(p: Program):
-    """Per connection, the k-th send-type step of the sender with the k-th recv-type step of the receiver."""
-    for (a, b, c), (stb, rtb) in sorted(connections(p).items()):
-        snd = [(i, st) for i, st in enumerate(stb.steps) if st.type in SENDS]
-        rcv = [(i, st) for i, st in enumerate(rtb.steps) if st.type in RECVS]
-        yield (a, b, c), stb, rtb, snd, rcv
-
-
-def fifo_count(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for (a, b, c), stb, rtb, snd, rcv in _pairs(p):
-        if len(snd) != len(rcv):
-            out.append(finding("fifo-count", f"sends {len(snd)} messages to rank {b} on channel {c}, but rank {b} "
-                                             f"tb {rtb.id} receives {len(rcv)}", a, stb.id))
-    return out
-
-
-def cnt_mismatch(p: Program, lim: Limits) -> list[Finding]:
-    out = []
-    for (a, b, c), stb, rtb, snd, rcv in _pairs(p):
-        for k, ((i, s), (j, r)) in enumerate(zip(snd, rcv)):
-            if s.cnt != r.cnt:
-                out.append(finding("cnt-mismatch", f"message {k} to rank {b} channel {c} has cnt={s.cnt}, but its "
-                                                   f"receive, rank {b} tb {rtb.id} step {j} ({r.type}), "
-                                                   f"has cnt={r.cnt}", a, stb.id, i, s.type))
-    return out
-
-
-def fifo_order(p: Program, lim: Limits) -> list[Finding]:
-    """Cross-checks each message through the remote-field convention (msccl-xml.md §3): a sender whose
-    dst* is unused (`s`, `rrs`) names where the receiver stores it; an `r` names in src* where the
-    sender read it. Fields left at -1 are not checked."""
-    out = []
-    for (a, b, c), stb, rtb, snd, rcv in _pairs(p):
-        for k, ((i, s), (j, r)) in enumerate(zip(snd, rcv)):
-            if s.type in ("s", "rrs") and s.dstoff >= 0 and r.type in WRITES_DST:
-                if (s.dstbuf, s.dstoff) == (r.dstbuf, r.dstoff):
-                    continue
-                why = f"the send names destination {s.dstbuf}[{s.dstoff}], the receive writes {r.dstbuf}[{r.dstoff}]"
-            elif r.type == "r" and r.srcoff >= 0 and s.type in ("s", "rcs"):
-                sent = (s.srcbuf, s.srcoff) if s.type == "s" else (s.dstbuf, s.dstoff)  # rcs forwards what it stored
-                if (r.srcbuf, r.srcoff) == sent:
-                    continue
-                why = f"the receive names source {r.srcbuf}[{r.srcoff}], the send reads {sent[0]}[{sent[1]}]"
-            else:
-                continue
-            out.append(finding("fifo-order", f"message {k} to rank {b} channel {c} pairs with rank {b} tb {rtb.id} "
-                                             f"step {j} ({r.type}), but {why}: steps out of order",
-                               a, stb.id, i, s.type))
-    return out
-
-
-STATIC_RULES: tuple[Callable[[Program, Limits], list[Finding]], ...] = (
-    proto, nchannels, nchunksperloop, gpu_ids, inplace_flags, coll, buffer_size,
-    tb_ids, tb_count, peer, chan, conn_unique, channel_tbs, conn_symmetry, max_steps, nodes,
-    step_type, buffer, cnt, offset, no_peer, dep_target, depid_range, hasdep, dep_on_nop, nop_dep, nop_chain,
-    trailing_nop, fifo_count, cnt_mismatch, fifo_order,
-)
-# Findings that make symbolic execution meaningless (it would only repeat them as deadlocks).
-STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", "conn-unique", "conn-symmetry",
-                        "step-type", "buffer", "cnt", "offset", "no-peer", "dep-target", "fifo-count", "cnt-mismatch"})
-
-
-def verify(program: Program, runtime: str = "all", demand: Demand | None = None, sms: int | None = None) -> Verdict:
-    """All static rules for `runtime` ("old", "executor", "rccl", or "all" = the strictest over the
-    runtimes that have the program's collective, see `target_runtimes`), then symbolic execution
-    against the postcondition (`demand`, else the program's own demand, else the standard
-    collective's): once as an out-of-place call and once as an in-place call, for each kind the
-    header allows."""
-    from compiler.program.interpret import dynamic  # imported here: verify_exec imports Finding from this module
-
+def verify(program: Program, runtime: str = ALL, demand: Demand | None = None, sms: int | None = None) -> Verdict:
+    """All static rules for `runtime` (a runtime's name, or ALL = the strictest over the runtimes
+    that have the program's collective, see `target_runtimes`), then symbolic execution against
+    the postcondition (`demand`, else the program's own demand, else the standard collective's):
+    once as an out-of-place call and once as an in-place call, for each kind the header allows."""
     judged = judged_runtimes(program.collective, runtime)
-    lim = limits_for(runtime, program.collective)
     demand = demand if demand is not None else program.demand
-    findings = [f for rule in STATIC_RULES for f in rule(program, lim)]
+    findings = static_findings(program, runtime)
     findings += co_residency(program, sms)
     if not any(f.rule in STRUCTURAL for f in findings):
         seen = set()
@@ -491,3 +64,78 @@ def verify(program: Program, runtime: str = "all", demand: Demand | None = None,
                     f = Finding(f.rule, f.message + " [in-place call]", f.rank, f.tb, f.step)
                 findings.append(f)
     return Verdict(not findings, tuple(findings), runtime, judged)
+
+
+# ---- the postcondition ---------------------------------------------------------------------------
+
+def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
+    """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
+    or the standard collective's derived from the header (for a rooted one, the root that fits,
+    trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
+    run = trace(p, inplace)
+    findings, mem, addrs, enc = list(run.findings), run.memory, run.addresses, run.encoding
+    if any(f.rule == "deadlock" for f in findings):
+        return findings  # the outputs of a run that did not finish say nothing more
+    if demand is not None:
+        return findings + postcondition(p, demand, mem, addrs, enc)
+    if p.collective in SPECS and SPECS[p.collective].rooted:
+        tried = []
+        for root in root_candidates(p):
+            got = postcondition(p, standard_demand(p, root), mem, addrs, enc)
+            if not got:
+                return findings
+            tried.append(got)
+        return findings + (tried[0] if tried else [])
+    d = standard_demand(p)
+    if d is None:
+        why = ("a custom collective needs a demand to state its postcondition" if p.collective == CUSTOM else
+               f"no postcondition for {p.collective!r} with ngpus={p.ngpus}, nchunksperloop={p.nchunksperloop}")
+        return findings + [finding("postcondition", why)]
+    return findings + postcondition(p, d, mem, addrs, enc)
+
+
+def standard_demand(p: Program, root: int | None = None) -> Demand | None:
+    """The postcondition of a standard collective from the header alone (msccl-xml.md §4)."""
+    cs = SPECS.get(p.collective)
+    shapes = cs.file_chunks(p.ngpus, p.nchunksperloop, root) if cs is not None and p.ngpus >= 1 else None
+    if shapes is None:
+        return None
+    n_in, n_out = expected_chunks(p)
+    chunks = tuple(Chunk(k, *shape) for k, shape in enumerate(shapes))
+    return Demand(cs.name, p.ngpus, chunks, 1.0, p.nchunksperloop, max(1, p.nchunksperloop // cs.blocks("size", p.ngpus)),
+                  cs.reduces, root, n_in, n_out)
+
+
+def postcondition(p: Program, demand: Demand, mem: list, addrs: list[dict], enc: Encoding) -> list[Finding]:
+    out = []
+    for c in demand.chunks:
+        for s, si in zip(c.sources, c.src_index):
+            if not (0 <= s < p.ngpus and 0 <= si < enc.width):
+                out.append(finding("postcondition", f"the demand's chunk {c.id} starts at rank {s} i[{si}], "
+                                                    f"outside the program's buffers"))
+        if demand.reduce:
+            want = 0
+            for s, si in zip(c.sources, c.src_index):
+                want |= enc.bit(s, si)
+            ok = {want}
+        else:
+            ok = {enc.bit(s, si) for s, si in zip(c.sources, c.src_index)}
+        for d, di in zip(c.dests, c.dst_index):
+            if not (0 <= d < len(addrs) and 0 <= di < len(addrs[d]["o"])):
+                out.append(finding("postcondition", f"o[{di}] should receive chunk {c.id}, but rank {d} has "
+                                                    f"o_chunks={len(addrs[d]['o']) if 0 <= d < len(addrs) else 0}", d))
+                continue
+            got = mem[addrs[d]["o"][di]]
+            if got not in ok:
+                want_s = " or ".join(sorted(enc.describe(v) for v in ok))
+                out.append(finding("postcondition", f"{_out_name(p, addrs, d, di)} should hold {want_s}, but holds "
+                                                    f"{enc.describe(got)}", d))
+    return out
+
+
+def _out_name(p: Program, addrs: list[dict], rank: int, k: int) -> str:
+    """o[k], with the input chunk it is in place where the file declares no output (o_chunks=0)."""
+    a = addrs[rank]["o"][k]
+    if p.gpus[rank].o_chunks > 0 or a not in addrs[rank]["i"]:
+        return f"o[{k}]"
+    return f"o[{k}] (i[{addrs[rank]['i'].index(a)}] in place)"

@@ -5,7 +5,8 @@ bus-bandwidth factor, the chunk layout (how many chunk blocks the input, the out
 nccl-tests size hold), the in-place aliasing of msccl-xml.md §10, the demand builder (which chunk
 goes from where to where; the postcondition is the demand met), and the torch.distributed call
 that computes the same result (for comparing and for bench's default side; it is handed the
-`torch.distributed` module, so this module never imports torch).
+`torch.distributed` module, so this module never imports torch), and whether torch passes that
+call one buffer (then every call is in place).
 
 Layout in blocks: a rank's buffers are cut into blocks of C chunks (C = chunks per rank); `inp`,
 `out` and `size` say how many blocks the input, the output and nccl-tests' size hold: 1 or n (the
@@ -52,12 +53,33 @@ class CollectiveSpec:
     bus: Callable[[int], float]  # nccl-tests' busbw / algbw for n ranks
     inplace: str | None  # "same" (one buffer), "input-in-output", "output-in-input"; None: no in-place form
     build: Callable[[int, int, int | None], Iterator[ChunkShape]]  # (n, chunks in the size, root) -> chunks
-    torch_call: Callable | None = None  # (dist, inp, n, rank, root, op, group) -> this rank's output
+    # (dist, inp, out, n, rank, root, op, group) -> this rank's output, written into `out` (for a
+    # one-buffer call `out` holds the input and is reduced or broadcast in place)
+    torch_call: Callable | None = None
     phases: tuple[str, ...] = ()  # planned as these collectives one after the other (allreduce)
     flat: bool = False  # any number of chunks (not whole blocks): chunk k is the same slot on every rank
+    one_buffer: bool = False  # torch's call takes one buffer (send = receive): always an in-place call
+    torch_gpu_note: str = ""  # what to know about torch's call on CUDA when timing MSCCL against it
 
     def blocks(self, which: str, n: int) -> int:
         return n if {"inp": self.inp, "out": self.out, "size": self.size}[which] == ALL else 1
+
+    def elements(self, which: str, n: int, size_elems: int) -> int:
+        """Elements of buffer `which` ("inp", "out") of one rank for nccl-tests' size of
+        `size_elems` elements."""
+        if self.blocks(which, n) == self.blocks("size", n):
+            return size_elems
+        return size_elems // self.blocks("size", n) * self.blocks(which, n)
+
+    @property
+    def inplace_window(self) -> bool:
+        """In place, one buffer is this rank's window of the other (allgather, reduce-scatter)."""
+        return self.inplace in ("input-in-output", "output-in-input")
+
+    def count_unit(self, n: int) -> int:
+        """The size is a multiple of this many elements (whole blocks); nccl-tests' count is the
+        size over it (elements per rank for allgather, reduce-scatter, alltoall, scatter, gather)."""
+        return 1 if self.flat else self.blocks("size", n)
 
     def chunk_counts(self, n: int, C: int) -> tuple[int, int, int]:
         """(input, output, size) of one rank in chunks."""
@@ -155,68 +177,57 @@ def _gather(n, total, root):  # size = the root's whole receive buffer
 
 # ---- torch.distributed counterparts (the reference, and bench's default side) ---------------------
 
+_NEWER = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+_OLDER = {"all_gather_into_tensor": "_all_gather_base", "reduce_scatter_tensor": "_reduce_scatter_base"}
+
+
 def _call(dist, name: str):
-    """all_gather_into_tensor / reduce_scatter_tensor under their older names where needed."""
-    fn = getattr(dist, name, None)
-    return fn if fn is not None else getattr(dist, {"all_gather_into_tensor": "_all_gather_base",
-                                                    "reduce_scatter_tensor": "_reduce_scatter_base"}[name])
+    """all_gather_into_tensor / reduce_scatter_tensor under the names newer releases use, else
+    under their older names."""
+    for candidate in (_NEWER[name], name, _OLDER[name]):
+        fn = getattr(dist, candidate, None)
+        if fn is not None:
+            return fn
+    raise AttributeError(f"torch.distributed has no {name}")
 
 
-def _t_allgather(dist, inp, n, rank, root, op, group):
-    out = inp.new_empty(inp.numel() * n)
+def _t_allgather(dist, inp, out, n, rank, root, op, group):
     _call(dist, "all_gather_into_tensor")(out, inp, group=group)
     return out
 
 
-def _t_alltoall(dist, inp, n, rank, root, op, group):
-    out = inp.new_empty(inp.numel())
+def _t_alltoall(dist, inp, out, n, rank, root, op, group):
     dist.all_to_all_single(out, inp, group=group)
     return out
 
 
-def _t_reduce_scatter(dist, inp, n, rank, root, op, group):
-    out = inp.new_empty(inp.numel() // n)
+def _t_reduce_scatter(dist, inp, out, n, rank, root, op, group):
     _call(dist, "reduce_scatter_tensor")(out, inp, op=op, group=group)
     return out
 
 
-def _t_allreduce(dist, inp, n, rank, root, op, group):
-    out = inp.clone()
+def _t_allreduce(dist, inp, out, n, rank, root, op, group):
     dist.all_reduce(out, op=op, group=group)
     return out
 
 
-def _t_broadcast(dist, inp, n, rank, root, op, group):
-    out = inp.clone()
+def _t_broadcast(dist, inp, out, n, rank, root, op, group):
     dist.broadcast(out, src=root, group=group)
     return out
 
 
-def _t_reduce(dist, inp, n, rank, root, op, group):
-    out = inp.clone()
+def _t_reduce(dist, inp, out, n, rank, root, op, group):
     dist.reduce(out, dst=root, op=op, group=group)
     return out
 
 
-def _t_scatter(dist, inp, n, rank, root, op, group):
-    out = inp.new_empty(inp.numel() // n)
+def _t_scatter(dist, inp, out, n, rank, root, op, group):
     dist.scatter(out, list(inp.chunk(n)) if rank == root else None, src=root, group=group)
     return out
 
 
-def _t_gather(dist, inp, n, rank, root, op, group):
-    parts = [inp.new_empty(inp.numel()) for _ in range(n)] if rank == root else None
-    dist.gather(inp, parts, dst=root, group=group)
-    return _cat(parts) if parts is not None else inp.new_empty(0)
-
-
-def _cat(parts):
-    """torch.cat without importing torch here."""
-    out = parts[0].new_empty(sum(p.numel() for p in parts))
-    at = 0
-    for p in parts:
-        out[at:at + p.numel()] = p
-        at += p.numel()
+def _t_gather(dist, inp, out, n, rank, root, op, group):
+    dist.gather(inp, list(out.chunk(n)) if rank == root else None, dst=root, group=group)
     return out
 
 
@@ -228,14 +239,18 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("allgather", ("all_gather", "all-gather"), False, False, ONE, ALL, ALL, _minus_one,
                    "input-in-output", _allgather, _t_allgather),
     CollectiveSpec("alltoall", ("all_to_all", "all-to-all", "a2a"), False, False, ALL, ALL, ALL, _minus_one,
-                   "same", _alltoall, _t_alltoall),
+                   "same", _alltoall, _t_alltoall,
+                   torch_gpu_note="PyTorch's all_to_all_single has used grouped send/recv on CUDA, not "
+                                  "ncclAllToAll: an alltoall file may never be selected (msccl-xml.md §12.3)"),
     CollectiveSpec("reduce_scatter", ("reducescatter", "reduce-scatter"), False, True, ALL, ONE, ALL, _minus_one,
                    "output-in-input", _reduce_scatter, _t_reduce_scatter),
     CollectiveSpec("allreduce", ("all_reduce", "all-reduce"), False, True, ALL, ALL, ALL, lambda n: 2 * (n - 1) / n,
-                   "same", _allreduce, _t_allreduce, phases=("reduce_scatter", "allgather"), flat=True),
+                   "same", _allreduce, _t_allreduce, phases=("reduce_scatter", "allgather"), flat=True,
+                   one_buffer=True),
     CollectiveSpec("broadcast", ("bcast",), True, False, ONE, ONE, ONE, lambda n: 1.0, "same", _broadcast,
-                   _t_broadcast),
-    CollectiveSpec("reduce", (), True, True, ONE, ONE, ONE, lambda n: 1.0, "same", _reduce, _t_reduce),
+                   _t_broadcast, one_buffer=True),
+    CollectiveSpec("reduce", (), True, True, ONE, ONE, ONE, lambda n: 1.0, "same", _reduce, _t_reduce,
+                   one_buffer=True),
     CollectiveSpec("scatter", (), True, False, ALL, ONE, ALL, _minus_one, None, _scatter, _t_scatter),
     CollectiveSpec("gather", (), True, False, ONE, ALL, ALL, _minus_one, None, _gather, _t_gather),
 )}

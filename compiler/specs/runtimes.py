@@ -42,9 +42,14 @@ class RuntimeSpec:
     loads_directory: bool = True  # parses every regular file in MSCCL_ALGO_DIR (else a list of files)
     environment: Callable[[str, list[str]], dict[str, str]] = field(default=lambda d, files: {}, compare=False)
     off: dict[str, str] = field(default_factory=dict)  # variables that switch it off (bench's default side)
+    max_bytes_inclusive: bool = True  # selects a file for sizes up to maxBytes inclusive (else below it)
 
     def accepts(self, collective: str) -> bool:
         return collective in self.colls
+
+    def parses(self, attribute: str) -> bool:
+        """Whether its reader takes `coll` = attribute (ours or one we never write)."""
+        return attribute in self.colls.values() or attribute in self.other_colls
 
     @property
     def allowed_tbs(self) -> int:
@@ -60,7 +65,7 @@ RUNTIMES: dict[str, RuntimeSpec] = {r.name: r for r in (
     RuntimeSpec("old", "microsoft/msccl (old)", 256, 216,
                 {**_STANDARD, "reduce_scatter": "reduce_scatter", CUSTOM: CUSTOM},
                 required=("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace"),
-                max_algorithms=4, loads_directory=False,
+                max_algorithms=4, loads_directory=False, max_bytes_inclusive=False,
                 environment=lambda d, files: {"MSCCL_XML_FILES": ":".join(files), "NCCL_ALGO": "MSCCL,RING,TREE"}),
     RuntimeSpec("executor", "msccl-executor-nccl", 64, 1024, {**_STANDARD, "gather": "gather", "scatter": "scatter"},
                 other_colls=("send", "recv", "alltoallv"), required=_ALGO_ATTRS,
@@ -163,6 +168,11 @@ def collective_of(attribute: str) -> str | None:
 def coll_attributes() -> tuple[str, ...]:
     """Every `coll` value some dialect parses."""
     return tuple(sorted({v for r in RUNTIMES.values() for v in r.colls.values()} | set(OTHER_COLLS)))
+
+
+def spelled_apart(collective: str) -> bool:
+    """Whether the dialects that have `collective` spell its `coll` attribute differently."""
+    return len({r.colls[collective] for r in RUNTIMES.values() if collective in r.colls}) > 1
 
 
 def twin_runtime(collective: str, requested: str) -> str | None:

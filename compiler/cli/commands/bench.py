@@ -8,7 +8,7 @@ HELP = "nccl-tests-style sweep: torch's collective and the MSCCL algorithm side 
 
 
 def configure(p) -> None:
-    from backends.bench_options import configure as bench_options  # torch-free: every command builds the parser
+    from backends.bench.options import configure as bench_options  # torch-free: every command builds the parser
     bench_options(p)
     p.set_defaults(run=run)
 
