@@ -449,7 +449,7 @@ def figures(r: Report) -> dict[str, bytes]:
     draw = {"metrics": figure_metrics, "links": figure_links, "threadblocks": figure_threadblocks,
             "waits": figure_waits}
     for name in FIGURES:
-        if name in ("threadblocks",) and r.program is None:
+        if name in ("threadblocks", "waits") and r.program is None:
             continue
         if name == "links" and not r.links:
             continue
@@ -514,7 +514,8 @@ CAPTIONS = {
 }
 
 
-def write_report(r: Report, html: str | os.PathLike | None = None, png_dir: str | os.PathLike | None = None) -> list[str]:
+def write_report(r: Report, html: str | os.PathLike | None = None,
+                 png_dir: str | os.PathLike | None = None) -> list[str]:
     """Write the page and/or the figures (DIR/NAME.png, FIGURES); returns the paths written
     (through compiler.fileio: inside outputs(), all at the end or none)."""
     figs = figures(r)

@@ -284,7 +284,7 @@ def program_timeline(program: Program, topo: Topology, size_bytes: float) -> Pro
                     waiting[dep].append(i)
                     break
                 if done[dep] > ready + eps:
-                    ready, why, after = done[dep], f"tb {step.depid} step {step.deps}", dep
+                    ready, why, after = done[dep], f"its dependency (tb {step.depid} step {step.deps})", dep
             if step.type in RECVS:
                 conn = (tb.recv, rank, tb.chan)
                 queue = by_conn.get(conn, [])
@@ -294,7 +294,7 @@ def program_timeline(program: Program, topo: Topology, size_bytes: float) -> Pro
                 msg = queue[heads[conn]]
                 arrival = sends[msg][2] + route(tb.recv, rank)[1]
                 if arrival > ready + eps:
-                    ready, why, after = arrival, f"rank {tb.recv}'s message (ch {tb.chan})", msg
+                    ready, why, after = arrival, f"the message from rank {tb.recv} (ch {tb.chan})", msg
                 heads[conn] += 1
             ready = max(ready, clock[i])
             links: tuple[int, ...] = ()

@@ -3,8 +3,8 @@ partner of --schedule-out), so one plan can be written for several runtimes or p
 
 from __future__ import annotations
 
-from compiler.cli.commands.collective import (add_lowering, add_report, lower_options, print_summary, refuse_unsupported,
-                                              write, write_report)
+from compiler.cli.commands.collective import (add_lowering, add_report, lower_options, print_summary,
+                                              refuse_unsupported, write, write_report)
 from compiler.cli.common import ArgumentError, add_hw, emit_json, load_topology
 
 HELP = "lower and verify a schedule saved with --schedule-out, and write its XML"
