@@ -421,8 +421,8 @@ def figure_waits(r: Report):
     fig = Figure(layout="constrained", figsize=(8, 0.3 * max(len(rows), 1) + 1.6))
     ax = fig.subplots()
     if not rows:
-        ax.text(0.5, 0.5, "no link is done later than planned and no send waited for a link", ha="center",
-                va="center", transform=ax.transAxes)
+        none = "no send waited for a link" + (" and no link is done later than planned" if r.plan else "")
+        ax.text(0.5, 0.5, none, ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return fig
     unit, f = _unit(max(max(x.prog_wait, x.late or 0.0) for x in rows))
@@ -496,22 +496,29 @@ def render_html(r: Report, figs: dict[str, bytes]) -> str:
     late_links = sorted((x for x in r.links if (x.late or 0) > 0 or x.prog_wait > 0),
                         key=lambda x: (-(x.late or 0.0), -x.prog_wait, x.link))[:TOP]
     return _template().render(
-        r=r, images=images, captions=CAPTIONS, per_rank=per_rank, ranks=ranks, waits=waits,
+        r=r, images=images, captions=captions(r), per_rank=per_rank, ranks=ranks, waits=waits,
         critical=critical, late_links=late_links, tb_parts=TB_PARTS,
         finish=r.program.finish if r.program is not None else None,
         plan_finish=r.plan.finish if r.plan is not None else None)
 
 
-CAPTIONS = {
-    "metrics": "Time of one call: this schedule as planned, its program, the ring baseline and the lower bound.",
-    "links": "When each link is busy (one row per directed link, a parallel link split into lanes), in the "
-             "schedule as the simulator times it and in the program as the program timer times it; the dashed "
-             "line is the finish.",
-    "threadblocks": "Each thread block's time: busy sending, waiting for its message or dependency, waiting for a "
-                    "link while ready, and done before the program finishes.",
-    "waits": "Links where the program loses time: how much later than planned the program is done with the link, "
-             "and how long its sends queued for it while ready.",
-}
+def captions(r: Report) -> dict[str, str]:
+    plan, program = r.plan is not None, r.program is not None
+    shown = ", ".join(x for x in ("this schedule as planned" if plan else "", "its program" if plan and program else
+                                  "this program" if program else "") if x)
+    sides = ("in the schedule as the simulator times it and in the program as the program timer times it" if plan
+             and program else "in the program as the program timer times it" if program else
+             "in the schedule as the simulator times it")
+    return {
+        "metrics": f"Time of one call: {shown}, the ring baseline and the lower bound.",
+        "links": "When each link is busy (one row per directed link, a parallel link split into lanes), "
+                 f"{sides}; the dashed line is the finish.",
+        "threadblocks": "Each thread block's time: busy sending, waiting for its message or dependency, waiting for "
+                        "a link while ready, and done before the program finishes.",
+        "waits": ("Links where the program loses time: how much later than planned the program is done with the "
+                  "link, and how long its sends queued for it while ready." if plan else
+                  "Links the program's sends queue for while ready, and for how long in all."),
+    }
 
 
 def write_report(r: Report, html: str | os.PathLike | None = None,
