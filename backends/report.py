@@ -35,6 +35,7 @@ from compiler.model.program import Program
 from compiler.model.topology import Topology
 from compiler.specs.collectives import COLLECTIVES, CUSTOM, bus_factor
 from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import ALL
 from compiler.specs.units import format_size, format_time
 
 PACKAGE = "msccl-compile"  # setup.py's name
@@ -121,11 +122,12 @@ def _with_vs_ring(rows: list[MetricRow]) -> tuple[MetricRow, ...]:
 
 def _ring_rows(topo: Topology, demand, lower_options, runtime: str, collective: str, nbytes: float,
                bound_s: float | None) -> tuple[list[MetricRow], str | None]:
-    """The ring baseline for the same demand, planned and lowered through the pipeline."""
+    """The ring baseline for the same demand (a Demand, or a function that makes it), planned and
+    lowered through the pipeline."""
     from compiler.pipeline import CompileOptions, compile_schedule
     from compiler.planners import PlanOptions, plan
     try:
-        schedule = plan(topo, demand, PlanOptions(method=RING))
+        schedule = plan(topo, demand() if callable(demand) else demand, PlanOptions(method=RING))
     except CompileError as e:
         return [], f"ring baseline: no schedule ({e})"
     options = CompileOptions(lower=replace(lower_options, name=None, min_bytes=0, max_bytes=0), runtime=runtime)
@@ -180,7 +182,7 @@ def report_for_result(result, lower_options=None, with_ring: bool = True) -> Rep
         rows.append(_row("program", "this program", program.finish, collective, n, nbytes, bound_s))
     if with_ring:
         from compiler.model.demand import make_demand
-        ring_demand = demand if collective == CUSTOM else make_demand(collective, n, nbytes, 1, demand.root)
+        ring_demand = demand if collective == CUSTOM else (lambda: make_demand(collective, n, nbytes, 1, demand.root))
         ring_rows, why = _ring_rows(topo, ring_demand, replace(lower_options, proto=(
             result.program.proto if result.program is not None else lower_options.proto)), result.runtime,
             collective, nbytes, bound_s)
@@ -229,8 +231,8 @@ def report_for_program(program: Program, topo: Topology, size: int, source: str,
         bound_s, binding = bound.time_s, bound.binding
     rows = [_row("program", "this program", timeline.finish, collective, n, nbytes, bound_s)]
     if with_ring and collective in COLLECTIVES:
-        ring_rows, why = _ring_rows(topo, make_demand(collective, n, size), LowerOptions(proto=program.proto), "all",
-                                    collective, nbytes, bound_s)
+        ring_rows, why = _ring_rows(topo, lambda: make_demand(collective, n, size), LowerOptions(proto=program.proto),
+                                    ALL, collective, nbytes, bound_s)
         rows += ring_rows
         if why:
             notes.append(why)
