@@ -43,7 +43,7 @@ EXTRA = "report"  # setup.py's extra that brings matplotlib
 INSTALL_HINT = f'pip install "{PACKAGE}[{EXTRA}]"'
 RING = "ring"  # the baseline planner
 FIGURES = ("metrics", "links", "threadblocks", "waits")  # file names of --png, in page order
-MAX_LINK_ROWS = 64  # links drawn in the Gantt chart (the busiest ones beyond that)
+MAX_LINK_ROWS = 64  # links drawn in the Gantt chart (beyond that: those that wait, then the busiest)
 MAX_TB_ROWS = 128  # thread blocks drawn one per row; beyond that, one row per rank
 TOP = 12  # rows of the "waits longest" tables
 
@@ -322,7 +322,9 @@ def figure_metrics(r: Report):
 def _link_order(r: Report) -> tuple[list[int], int]:
     rows = list(r.links)
     if len(rows) > MAX_LINK_ROWS:
-        rows = sorted(rows, key=lambda x: -max(x.prog_busy, x.plan_busy or 0.0))[:MAX_LINK_ROWS]
+        # the links where the program waits or is late first (where the time goes), then the busiest
+        rows = sorted(rows, key=lambda x: (-(x.prog_wait + max(x.late or 0.0, 0.0)),
+                                           -max(x.prog_busy, x.plan_busy or 0.0), x.link))[:MAX_LINK_ROWS]
         rows.sort(key=lambda x: x.link)
     return [x.link for x in rows], len(r.links)
 
@@ -367,7 +369,7 @@ def figure_links(r: Report):
     from compiler.analysis.timeline import link_name
     axes[0].set_yticks(range(len(links)), [link_name(r.topology, l) for l in links], fontsize=7)
     axes[0].set_ylim(len(links) - 0.5, -0.5)
-    shown = "" if len(links) == total else f" ({len(links)} busiest of {total} links)"
+    shown = "" if len(links) == total else f" ({len(links)} of {total} links: where it waits, then the busiest)"
     fig.suptitle(f"when each link is busy{shown}; colour: sending rank", fontsize=10)
     n = r.topology.ngpus
     if n <= 20:
