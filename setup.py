@@ -24,7 +24,9 @@ setup(
         # torch 2.13.0 is the build the project is tested with; the pin keeps
         # pip from pulling a multi-GB CUDA build on CPU machines.
         "torch": ["torch==2.13.0", "matplotlib>=3.7"],
-        "test": ["pytest>=7", "hypothesis>=6"],
+        # `msccl-compile report` and `--report` draw their figures with matplotlib
+        "report": ["matplotlib>=3.7"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["msccl-compile=compiler.cli.main:main"]},
 )

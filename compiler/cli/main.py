@@ -33,8 +33,8 @@ import re  # noqa: E402
 import threading  # noqa: E402
 
 from compiler import __version__  # noqa: E402
-from compiler.cli.commands import (bench, collective, env, library, lower, profiles, run, simulate,  # noqa: E402
-                                   verify)
+from compiler.cli.commands import (bench, collective, env, library, lower, profiles, report, run,  # noqa: E402
+                                   simulate, verify)
 from compiler.cli.common import ArgumentError, Parser, Progress  # noqa: E402,F401  (Progress: tests)
 from compiler.fileio import outputs  # noqa: E402
 from compiler.specs.collectives import COLLECTIVES, CUSTOM, spellings  # noqa: E402
@@ -51,6 +51,7 @@ COMMANDS = {
     "bound": (profiles.configure_bound, profiles.BOUND_HELP),
     "verify": (verify.configure, verify.HELP),
     "simulate": (simulate.configure, simulate.HELP),
+    "report": (report.configure, report.HELP),
 }
 
 # compiler/ names the option fields it complains about (`chunks=0: must be >= 1`, "raise

@@ -41,6 +41,7 @@ class ProgramTiming:
     ntransfers: int
     proto: str | None = None  # the protocol whose costs were charged (None: alpha-beta)
     iterations: int = 1  # loop iterations of the kernel for this size
+    first_iteration_s: float = 0.0  # when the first iteration's steps and data were done (no launch)
 
 
 def call_bytes(program: Program, size_bytes: float) -> float:
@@ -75,8 +76,9 @@ class _Routes:
 
 def time_program(program: Program, topo: Topology, size_bytes: float, trace: dict | None = None,
                  runtime_costs: bool = True) -> ProgramTiming:
-    """trace: if given, filled with (rank, tb, step) -> (start, ready, end of its hold on the links)
-    of every send in the first iteration."""
+    """trace: if given, filled with (rank, tb, step) -> (start, ready, end of its hold on the links,
+    done: when its thread block moves on, the step latency after the hold; its data arrives alpha
+    later) of every send in the first iteration."""
     if program.ngpus != topo.ngpus:
         raise CompileError(f"simulate: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
     costing = Costing.of(topo, program.proto if runtime_costs else None)
@@ -92,7 +94,7 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     if sends:
         finish += costing.launch
     return ProgramTiming(finish, size_bytes / finish if finish > 0 else float("inf"), chunk, sends,
-                         costing.proto, iterations)
+                         costing.proto, iterations, finished[0])
 
 
 def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
@@ -169,7 +171,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
                 heapq.heapreplace(lanes[l], start + hold)
             end = start + hold + latency
             if trace is not None and it == 0:
-                trace[(rank, tb.id, s)] = (start, t, start + hold)
+                trace[(rank, tb.id, s)] = (start, t, start + hold, end)
             queues.setdefault((rank, tb.send, tb.chan), []).append(end + alpha)
             finished[it] = max(finished[it], end + alpha)
         done_at[(rank, tb.id, s, it)] = end

@@ -34,6 +34,7 @@ def configure(p, name: str) -> None:
     p.add_argument("--multicast", action="store_true",
                    help="let switches marked multicast copy (NVLS); such schedules are simulated, not lowered")
     p.add_argument("--schedule-out", metavar="FILE", help="write the schedule as JSON (see `msccl-compile lower`)")
+    add_report(p)
     if name == CUSTOM:
         p.add_argument("--demand", metavar="FILE", help="the demand: JSON {\"chunks\": [{\"from\": 0, \"to\": [1]}]}")
     p.add_argument("--verbose", action="store_true", help="forward the solver log to stderr")
@@ -63,6 +64,19 @@ def instances_arg(text: str) -> int:
     return 0 if text == AUTO else positive_int(text)
 
 
+def add_report(p) -> None:
+    p.add_argument("--report", metavar="FILE.html",
+                   help="also write an HTML page: links and thread blocks over time in the schedule and the program, "
+                        "against ring and the lower bound (needs matplotlib)")
+
+
+def write_report(result, args) -> None:
+    """The --report page of a compile (with the ring baseline for the same demand)."""
+    if args.report:
+        from backends.report import report_for_result, write_report as write
+        write(report_for_result(result, lower_options(args)), html=args.report)
+
+
 def lower_options(args):
     from compiler.lowering.lower import LowerOptions
     lo, hi = args.size_range if args.size_range else (0, 0)
@@ -82,11 +96,15 @@ def run(args) -> int:
     result = compile(topo, demand, CompileOptions(plan_options(args), lower_options(args), args.runtime,
                                                   xml=not args.no_xml, output=args.output))
     write(result, args.schedule_out)
-    out = {**result.summary(), "requested_method": args.method, "schedule": args.schedule_out, "warnings": warnings}
+    write_report(result, args)
+    out = {**result.summary(), "requested_method": args.method, "schedule": args.schedule_out, "warnings": warnings,
+           "report": args.report}
     if args.json:
         emit_json(out)
     else:
         print_summary(result, out, args.schedule_out)
+        if args.report:
+            print(f"report written to {args.report}")
     return 0
 
 
@@ -204,6 +222,9 @@ def output_checks(args, warnings: list[str]) -> None:
         check_writable(args.output, "-o")
     if args.schedule_out:
         check_writable(args.schedule_out, "--schedule-out")
+    if args.report:
+        from compiler.cli.commands.report import check_outputs
+        check_outputs(args.report, None, "--report")
     if args.size_range and not args.size_range[0] <= args.size < args.size_range[1]:
         lo, hi = args.size_range
         warnings.append(f"--size {format_size(args.size)} is outside --size-range {format_size(lo)}:{format_size(hi)}: "

@@ -3,7 +3,8 @@ partner of --schedule-out), so one plan can be written for several runtimes or p
 
 from __future__ import annotations
 
-from compiler.cli.commands.collective import add_lowering, lower_options, print_summary, refuse_unsupported, write
+from compiler.cli.commands.collective import (add_lowering, add_report, lower_options, print_summary,
+                                              refuse_unsupported, write, write_report)
 from compiler.cli.common import ArgumentError, add_hw, emit_json, load_topology
 
 HELP = "lower and verify a schedule saved with --schedule-out, and write its XML"
@@ -14,6 +15,7 @@ def configure(p) -> None:
     add_hw(p)
     p.add_argument("-o", "--output", metavar="FILE", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
     add_lowering(p)
+    add_report(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -24,6 +26,9 @@ def run(args) -> int:
     from compiler.pipeline import CompileOptions, compile_schedule
     if args.output:
         check_writable(args.output, "-o")
+    if args.report:
+        from compiler.cli.commands.report import check_outputs
+        check_outputs(args.report, None, "--report")
     schedule = Schedule.load(args.schedule)
     refuse_unsupported(schedule.demand.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
@@ -33,9 +38,12 @@ def run(args) -> int:
     result = compile_schedule(topo, schedule, CompileOptions(lower=lower_options(args), runtime=args.runtime,
                                                              output=args.output))
     write(result, None)
-    out = {**result.summary(), "schedule": args.schedule}
+    write_report(result, args)
+    out = {**result.summary(), "schedule": args.schedule, "report": args.report}
     if args.json:
         emit_json(out)
     else:
         print_summary(result, out, None)
+        if args.report:
+            print(f"report written to {args.report}")
     return 0
