@@ -75,30 +75,49 @@ class _Routes:
 
 
 def time_program(program: Program, topo: Topology, size_bytes: float, trace: dict | None = None,
-                 runtime_costs: bool = True) -> ProgramTiming:
+                 runtime_costs: bool = True, per_tb: dict | None = None) -> ProgramTiming:
     """trace: if given, filled with (rank, tb, step) -> (start, ready, end of its hold on the links,
     done: when its thread block moves on, the step latency after the hold; its data arrives alpha
-    later) of every send in the first iteration."""
+    later) of every send in the first iteration. per_tb: if given, filled with (rank, tb id) -> when
+    the thread block's work (its data's arrival included) is done, launch included, extrapolated
+    over the iterations like the finish."""
     if program.ngpus != topo.ngpus:
         raise CompileError(f"simulate: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
     costing = Costing.of(topo, program.proto if runtime_costs else None)
     chunk = size_bytes / program.nchunksperloop
     iterations = costing.iterations(chunk)
     timed = min(iterations, MAX_ITERATIONS)
-    finished = _run(program, topo, costing, chunk / iterations, timed, trace)
-    finish = finished[-1]
-    if iterations > timed:
-        half = timed // 2
-        finish += (iterations - timed) * (finished[-1] - finished[half - 1]) / (timed - half)
+    by_tb: dict | None = {} if per_tb is not None else None
+    finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb)
     sends = sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)
-    if sends:
-        finish += costing.launch
+    launch = costing.launch if sends else 0.0
+    finish = extrapolate(finished, iterations) + launch
+    if per_tb is not None:
+        per_tb.update({k: extrapolate(_monotone(v), iterations) + launch for k, v in by_tb.items()})
     return ProgramTiming(finish, size_bytes / finish if finish > 0 else float("inf"), chunk, sends,
                          costing.proto, iterations, finished[0])
 
 
+def extrapolate(finished: list[float], iterations: int) -> float:
+    """The finish of `iterations` loop iterations from those timed (`finished`: when each was done):
+    the rest at the steady rate of the later half."""
+    timed = len(finished)
+    if iterations <= timed:
+        return finished[-1]
+    half = timed // 2
+    return finished[-1] + (iterations - timed) * (finished[-1] - finished[half - 1]) / (timed - half)
+
+
+def _monotone(xs: list[float]) -> list[float]:
+    out, top = [], 0.0
+    for x in xs:
+        top = max(top, x)
+        out.append(top)
+    return out
+
+
 def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
-         trace: dict | None) -> list[float]:
+         trace: dict | None, by_tb: dict | None = None) -> list[float]:
     """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
     for each j. Event-driven: a thread block waits in a heap until its next step may start, or in
     `blocked_on` until what it needs (a dependency or a message) exists."""
@@ -174,6 +193,9 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
                 trace[(rank, tb.id, s)] = (start, t, start + hold, end)
             queues.setdefault((rank, tb.send, tb.chan), []).append(end + alpha)
             finished[it] = max(finished[it], end + alpha)
+            if by_tb is not None:
+                mine = by_tb.setdefault((rank, tb.id), [0.0] * iterations)
+                mine[it] = max(mine[it], end + alpha)
         done_at[(rank, tb.id, s, it)] = end
         clock[i] = end
         finished[it] = max(finished[it], end)
@@ -186,6 +208,4 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             wake(("done", rank, tb.id, s, it))
             if step.type in SENDS:
                 wake(("sent", rank, tb.send, tb.chan))
-    for j in range(1, iterations):  # an iteration is done no earlier than the one before it
-        finished[j] = max(finished[j], finished[j - 1])
-    return finished
+    return _monotone(finished)  # an iteration is done no earlier than the one before it
