@@ -24,10 +24,10 @@ def figures(result) -> dict:
     return out
 
 
-def ours_ring_bound(topo, demand, time_limit: float, xml: bool = True) -> dict:
+def ours_ring_bound(topo, demand, time_limit: float, xml: bool = True, element_bytes: int = 4) -> dict:
     t0 = time.perf_counter()
-    ours = compile(topo, demand, CompileOptions(PlanOptions(method="auto", time_limit=time_limit, refine=True),
-                                                xml=xml))
+    ours = compile(topo, demand, CompileOptions(PlanOptions(method="auto", time_limit=time_limit, refine=True,
+                                                            element_bytes=element_bytes), xml=xml))
     wall = time.perf_counter() - t0
     ring = compile(topo, demand, CompileOptions(PlanOptions(method="ring"), xml=xml))
     bound = bound_for(topo, demand)

@@ -44,7 +44,8 @@ PUBLISHED = {
 
 def row(topo, coll: str, size_label: str, limit: float) -> dict:
     size = parse_size(size_label)
-    r = ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), limit)
+    size -= size % topo.ngpus  # whole bytes per chunk (int8 elements): 1KB is 992 B on 32 GPUs
+    r = ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), limit, element_bytes=1)
     te, te_s, taccl = PUBLISHED[coll][size_label]
     return {"collective": coll, "size": size_label, "size_bytes": size, **r, "teccl_algbw_GBps": te,
             "teccl_solver_s": te_s, "taccl_algbw_GBps": taccl, "beats_teccl": r["algbw_GBps"] >= te,

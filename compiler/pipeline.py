@@ -32,6 +32,7 @@ from compiler.specs.runtimes import ALL, DEFAULT, target_runtimes, twin_runtime
 from compiler.specs.units import format_size
 
 PLAN_SHARE = 0.85  # of the time limit for planning when a program is written: realising it takes the rest
+AUTO_PLAN_SHARE = 0.6  # auto's planning share: realising its best candidates to rank them takes up to PLAN_SHARE
 MULTICAST_SKIP = "switch multicast (NVLS) has no MSCCL XML form; plan without `multicast` to get XML"
 
 
@@ -146,7 +147,9 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
         now = time.perf_counter()
         end = plan_options.deadline or now + plan_options.time_limit  # the promise, lowering included
         options = replace(options, plan=replace(plan_options, deadline=end))
-        plan_options = replace(plan_options, deadline=now + (end - now) * PLAN_SHARE,
+        share = PLAN_SHARE if plan_options.method != "auto" else AUTO_PLAN_SHARE
+        plan_options = replace(plan_options, deadline=now + (end - now) * share,
+                               judge_until=now + (end - now) * PLAN_SHARE,
                                judge=lambda s: _judge(s, topology, options, judged))
     schedule = plan(topology, demand, plan_options)
     known = judged.get(id(schedule.transfers))

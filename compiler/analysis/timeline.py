@@ -199,7 +199,8 @@ def schedule_timeline(topo: Topology, schedule: Schedule, metrics: Metrics,
 
 def program_timeline(program: Program, topo: Topology, size_bytes: float) -> ProgramTimeline:
     """Time `program` (size_bytes: one call's bytes, as time_program takes them) with a trace and
-    replay it into steps, link holds and thread-block totals."""
+    replay it into steps, link holds and thread-block totals. Long: the replay shares its state
+    (sends, link holds, clocks) across four passes that are only ever run together."""
     trace: dict = {}
     timing = time_program(program, topo, size_bytes, trace)
     costing = Costing.of(topo, timing.proto)  # a link carries this many thread-block lanes at once

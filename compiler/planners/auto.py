@@ -215,6 +215,6 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
     if options.judge is not None:
-        judge(search, options.judge, options.deadline)
+        judge(search, options.judge, options.judge_until or options.deadline)
     best = search.results[0].schedule
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)

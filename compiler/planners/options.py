@@ -28,6 +28,7 @@ class PlanOptions:
     # the time of the program a schedule realises (raises CompileError where none fits the runtimes):
     # auto ranks its best candidates by it; the pipeline sets it when it writes a program
     judge: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
+    judge_until: float | None = None  # time.perf_counter() after which auto judges no further candidate
 
     def left(self, t0: float) -> float:
         """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""
