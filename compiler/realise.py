@@ -81,8 +81,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     t0 = time.perf_counter()
     stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
     protos = protocols(topology, options.proto)
-    if t0 > stop_at and len(protos) > 1:  # out of time: lower for the protocol of the best ideal program
-        protos = (min(protos, key=lambda p: simulate(topology, schedule, p).finish_time_s),)
+    if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
+        protos = tuple(sorted(protos, key=lambda p: simulate(topology, schedule, p).finish_time_s))
     base = replace(options, runtime=aimed_runtime(schedule, runtime))
     fixed = options.instances != 0
     counts = [options.instances] if fixed else [1]
@@ -92,7 +92,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     while counts:
         k = counts.pop()
         try:
-            timed = _time_all(schedule, topology, replace(base, instances=k), protos)
+            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at)
         except CompileError as e:
             if best is None or fixed:
                 raise
@@ -103,19 +103,24 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         improved = best is None or timing.finish_time_s < PAYS * best[0]
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
-        if not fixed and improved and 2 * k <= MAX_INSTANCES and time.perf_counter() < stop_at:
+        took = time.perf_counter() - t0  # a doubling lowers at least as much again
+        if not fixed and improved and 2 * k <= MAX_INSTANCES and time.perf_counter() + took < stop_at:
             counts.append(2 * k)
     _, p, k, program, timing = best
     return Realisation(program, timing, k, tuple(tried), stopped)
 
 
-def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions,
-              protos: tuple[str, ...]) -> dict[str, tuple[Program, ProgramTiming]]:
-    """Each protocol's program and its time; one lowering per distinct number of connection slots."""
+def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
+              stop_at: float) -> dict[str, tuple[Program, ProgramTiming]]:
+    """Each protocol's program and its time; one lowering per distinct number of connection slots,
+    the first always, another only if one more lowering as long as the first fits before stop_at."""
     lowered: dict[int, Program] = {}
     out = {}
+    t0 = time.perf_counter()
     for p in protos:
         if SLOTS[p] not in lowered:
+            if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
+                continue
             lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
         program = replace(lowered[SLOTS[p]], proto=p)
         out[p] = (program, time_program(program, topology, size_of(schedule, program)))
