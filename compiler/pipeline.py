@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from compiler.analysis.bounds import busbw
 from compiler.analysis.simulate import Metrics, simulate
-from compiler.lowering.lower import LowerOptions, lower
+from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand, make_demand
 from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule

@@ -20,21 +20,28 @@ def configure(p) -> None:
     p.set_defaults(run=run)
 
 
-def run(args) -> int:
-    from compiler.fileio import check_writable
+def saved_schedule(args):
+    """(schedule, topology) of `args.schedule` on --hw/--nodes, refused where they differ or the
+    runtime does not take the collective."""
     from compiler.model.schedule import Schedule
-    from compiler.pipeline import CompileOptions, compile_schedule
-    if args.output:
-        check_writable(args.output, "-o")
-    if args.report:
-        from compiler.cli.commands.report import check_outputs
-        check_outputs(args.report, None, "--report")
     schedule = Schedule.load(args.schedule)
     refuse_unsupported(schedule.demand.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
     if schedule.topology != topo.name:
         raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {schedule.topology!r}, "
                             f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
+    return schedule, topo
+
+
+def run(args) -> int:
+    from compiler.fileio import check_writable
+    from compiler.pipeline import CompileOptions, compile_schedule
+    if args.output:
+        check_writable(args.output, "-o")
+    if args.report:
+        from compiler.cli.commands.report import check_outputs
+        check_outputs(args.report, None, "--report")
+    schedule, topo = saved_schedule(args)
     result = compile_schedule(topo, schedule, CompileOptions(lower=lower_options(args), runtime=args.runtime,
                                                              output=args.output))
     write(result, None)

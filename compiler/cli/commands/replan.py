@@ -4,8 +4,9 @@ schedule simulator on the changed topology, lowered, verified and written."""
 
 from __future__ import annotations
 
-from compiler.cli.commands.collective import add_lowering, lower_options, refuse_unsupported
-from compiler.cli.common import ArgumentError, add_hw, emit_json, load_topology, non_negative_float, size_arg
+from compiler.cli.commands.collective import add_lowering, lower_options
+from compiler.cli.commands.lower import saved_schedule
+from compiler.cli.common import ArgumentError, add_hw, emit_json, non_negative_float, size_arg
 from compiler.specs.units import format_size, format_time
 
 HELP = "re-plan a schedule saved with --schedule-out after a link fails or slows (or the size changes)"
@@ -85,7 +86,6 @@ def link_checks(topo, schedule, metrics, pairs) -> dict:
 def run(args) -> int:
     from compiler.analysis.simulate import simulate
     from compiler.fileio import check_writable
-    from compiler.model.schedule import Schedule
     from compiler.pipeline import CompileOptions, compile_schedule
     from compiler.replan import ReplanOptions, replan
     from compiler.specs.errors import CompileError
@@ -95,12 +95,7 @@ def run(args) -> int:
         check_writable(args.schedule_out, "--schedule-out")
     if not (args.fail_link or args.degrade or args.size):
         raise ArgumentError("replan: nothing changed: give --fail-link A-B, --degrade A-B=FRACTION or --size S")
-    old = Schedule.load(args.schedule)
-    refuse_unsupported(old.demand.collective, args.runtime)
-    topo = load_topology(args.hw, args.nodes)
-    if old.topology != topo.name:
-        raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {old.topology!r}, "
-                            f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
+    old, topo = saved_schedule(args)
     changed, pairs, what, field, description, link, fraction = changed_topology(topo, args)
     new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args),
                                              fraction=fraction))
