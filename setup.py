@@ -26,7 +26,7 @@ setup(
         "torch": ["torch==2.13.0", "matplotlib>=3.7"],
         # `msccl-compile report` and `--report` draw their figures with matplotlib
         "report": ["matplotlib>=3.7"],
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["msccl-compile=compiler.cli.main:main"]},
 )
