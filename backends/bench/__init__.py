@@ -15,7 +15,7 @@ Importing this package imports no torch; each name below loads its module on fir
 
 from __future__ import annotations
 
-import importlib
+from backends.lazy import lazy_names
 
 _WHERE = dict(
     options=("SIDES", "RUNTIMES", "DEFAULT_RUNTIME", "configure", "parse_sizes"),
@@ -25,21 +25,4 @@ _WHERE = dict(
     sweeper=("sweep", "cases", "default_side_env", "gpu_script", "MSCCL_ENV_VARS", "NCCL_TYPE_NAMES"),
     cli=("run", "main"),
 )  # module -> the names it defines
-_MODULE = {name: module for module, names in _WHERE.items() for name in names}
-
-__all__ = sorted(_MODULE) + ["expected_output"]
-
-
-def __getattr__(name: str):
-    if name == "expected_output":  # the reference lives with the torch back end
-        from backends.torch_dist.reference import expected_output
-        return expected_output
-    if name not in _MODULE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE) | {"expected_output"})
+__all__, __getattr__, __dir__ = lazy_names(__name__, _WHERE, {"expected_output": "backends.torch_dist.reference"})

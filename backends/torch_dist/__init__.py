@@ -13,7 +13,7 @@ environment helpers (`msccl-compile env`) stay fast and work without torch insta
 
 from __future__ import annotations
 
-import importlib
+from backends.lazy import lazy_names
 
 _WHERE = dict(
     env=("RUNTIMES", "msccl_env", "msccl_environment", "patched_environ", "apply_environ", "export_lines",
@@ -27,18 +27,4 @@ _WHERE = dict(
                "custom_input", "custom_wrong", "distinct_values", "SPREAD", "DTYPES"),
     run=("RunResult", "Job", "run_local", "run_local_many"),
 )  # module -> the names it defines
-_MODULE = {name: module for module, names in _WHERE.items() for name in names}
-
-__all__ = sorted(_MODULE)
-
-
-def __getattr__(name: str):
-    if name not in _MODULE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE))
+__all__, __getattr__, __dir__ = lazy_names(__name__, _WHERE)
