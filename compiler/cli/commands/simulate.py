@@ -32,9 +32,11 @@ def run(args) -> int:
            "collective": program.collective, "size_bytes": total, "time_s": timing.finish_time_s,
            "algbw_GBps": per_second(total, timing.finish_time_s) / 1e9, "ntransfers": timing.ntransfers}
     if program.collective in COLLECTIVES:
-        bound = lower_bound(topo, program.collective, args.size)
+        from compiler.analysis.simulate import program_floor
+        floor = program_floor(topo, lower_bound(topo, program.collective, args.size))  # as compile reports it
         out.update(busbw_GBps=busbw(program.collective, topo.ngpus, timing.algbw) / 1e9,
-                   lower_bound_s=bound.time_s, bound_ratio=bound.time_s / timing.finish_time_s)
+                   lower_bound_s=floor, bound_ratio=floor / timing.finish_time_s,
+                   proto=program.proto, iterations=timing.iterations)
     if args.json:
         emit_json(out)
         return 0
