@@ -55,6 +55,7 @@ def _link_summary(topo) -> list[str]:
 
 
 def _profile_info(topo, size: int) -> dict:
+    from compiler.model.linknames import named_links
     ingress = [topo.ingress(g) for g in range(topo.ngpus)]
     egress = [topo.egress(g) for g in range(topo.ngpus)]
     bounds = {}
@@ -75,8 +76,21 @@ def _profile_info(topo, size: int) -> dict:
         "bound_size_bytes": size,
         "bounds": bounds,
         "sources": dict(topo.sources),
-        "topology": topo.to_dict(),
+        "topology": {**topo.to_dict(), "links": [n.to_dict() for n in named_links(topo)]},
     }
+
+
+def _name_lines(topo, width: int = 100) -> list[str]:
+    """The links' names as `replan --fail-link/--degrade` takes them, wrapped."""
+    from compiler.model.linknames import named_links
+    words = [n.name + (f" (x{n.count}: {n.name}#1..#{n.count})" if n.count > 1 else "") for n in named_links(topo)]
+    lines, line = [], "  names:"
+    for w in words:
+        if len(line) + len(w) + 2 > width:
+            lines.append(line + ",")
+            line = "   "
+        line += (" " if line.endswith(":") or line == "   " else ", ") + w
+    return lines + [line]
 
 
 def run_profiles(args) -> int:
@@ -107,7 +121,7 @@ def run_profiles(args) -> int:
           + (f"; multicast: {', '.join(info['multicast_switches'])}" if info["multicast_switches"] else "")
           + (f"; {sum(1 for s in topo.switches if s.kind == 'nic') // 2} NICs and one network switch" if topo.nodes > 1 else ""))
     print(f"links: {len(topo.links)} directed")
-    for line in _link_summary(topo):
+    for line in _link_summary(topo) + _name_lines(topo):
         print(line)
     ig, eg = info["ingress_GBps"], info["egress_GBps"]
     rng = lambda r: f"{r['min']:g}" if r["min"] == r["max"] else f"{r['min']:g}..{r['max']:g}"
