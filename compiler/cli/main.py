@@ -33,8 +33,8 @@ import re  # noqa: E402
 import threading  # noqa: E402
 
 from compiler import __version__  # noqa: E402
-from compiler.cli.commands import (bench, collective, env, library, lower, profiles, run, simulate,  # noqa: E402
-                                   verify)
+from compiler.cli.commands import (bench, collective, env, jobs, library, lower, profiles, replan, run,  # noqa: E402
+                                   simulate, verify)
 from compiler.cli.common import ArgumentError, Parser, Progress  # noqa: E402,F401  (Progress: tests)
 from compiler.fileio import outputs  # noqa: E402
 from compiler.specs.collectives import COLLECTIVES, CUSTOM, spellings  # noqa: E402
@@ -51,6 +51,8 @@ COMMANDS = {
     "bound": (profiles.configure_bound, profiles.BOUND_HELP),
     "verify": (verify.configure, verify.HELP),
     "simulate": (simulate.configure, simulate.HELP),
+    "jobs": (jobs.configure, jobs.HELP),
+    "replan": (replan.configure, replan.HELP),
 }
 
 # compiler/ names the option fields it complains about (`chunks=0: must be >= 1`, "raise
@@ -59,7 +61,8 @@ FIELD_FLAGS = {"chunks": "--chunks", "size": "--size", "root": "--root", "time_l
                "max_horizon": "--max-horizon", "gap": "--gap", "instances": "--instances", "proto": "--proto",
                "runtime": "--runtime", "method": "--method", "name": "--name", "min_bytes": "--size-range",
                "max_bytes": "--size-range", "inplace": "--inplace", "multicast": "--multicast", "nodes": "--nodes",
-               "demand": "--demand", "dtype": "--dtype"}
+               "demand": "--demand", "dtype": "--dtype", "objective": "--objective", "fail_link": "--fail-link",
+               "degrade": "--degrade"}
 _LEADING = re.compile(r"^([a-z_]+)(?:=([^:]*))?: ")
 _QUOTED = re.compile(r"`([a-z_]+)(?:=([^`]*))?`")
 

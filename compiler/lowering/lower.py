@@ -266,7 +266,11 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: bool) -
     return codes
 
 
-def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions()) -> Program:
+def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
+          where: dict | None = None) -> Program:
+    """where: if given (and options.instances is 1), filled with schedule transfer index ->
+    ((rank, tb, step) of its send, (rank, tb, step) of its receive) in the program (callers that
+    add dependencies between transfers, such as compiler/jobs/gates.py)."""
     check_options(options)
     check_transfers(schedule, topology)
     lim = runtime_limits(options.runtime, topology.sms)
@@ -307,6 +311,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         raise LoweringError(f"lowering: rank {bad} overwrites part of its input before reading it, so the program "
                             "cannot run in place; drop --inplace")
     gpus = _gpus(codes, demand)
+    if where is not None and options.instances == 1:
+        for m in moves:
+            where[m.pos] = ((m.src, *codes[m.src].send_at[m.pos]), (m.dst, *codes[m.dst].recv_at[m.pos]))
     check_limits(gpus, lim, demand.ngpus, f" (with {split} channel groups)" if split > 1 else "")
     name = options.name or re.sub(r"[^A-Za-z0-9._:+@-]", "_",
                                   f"{demand.collective}-{topology.name}-{schedule.planner}")[:255]

@@ -1,0 +1,132 @@
+"""Several jobs' programs run together on the shared links, timed by the program timer.
+
+The judge of every jobs figure (joint, alone, naive) is compiler/program/timing.py's
+`time_program`, called through its public signature on one program that overlays the jobs'
+programs: each job's ranks mapped to its GPUs, its channels moved past the other jobs' (so no two
+jobs share a connection), its step counts scaled to one common chunk unit (jobs may cut their
+buffers differently). Links go to whichever job's step is ready first, as the timer grants them.
+
+A job that starts later (`start` > 0) waits on a clock: one extra rank per such job, joined to each
+of the job's GPUs by a private link on which a single message takes exactly `start` seconds; every
+thread block of the job first waits for that message. The clock ranks and links exist only in the
+timed copy of the topology.
+
+A job's finish is read from the timer's trace: its latest send start, plus that send's time on its
+route (bytes / the route's slowest bandwidth) and the route's alpha, as the timer's model charges
+them; the largest of them is checked against the timer's own finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from math import gcd
+
+from compiler.model.program import SENDS, GpuProgram, Program, Step, ThreadBlock
+from compiler.model.topology import Link, Topology
+from compiler.program.timing import time_program
+from compiler.specs.collectives import CUSTOM
+
+CHECK_TOLERANCE = 1e-6  # relative: per-job finishes must reproduce the timer's finish
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One job's program (its own communicator's ranks) placed on the shared topology."""
+    program: Program
+    ranks: tuple[int, ...]  # global rank of each communicator rank
+    call_bytes: float  # bytes of one call of the program (program/timing.call_bytes)
+    start: float = 0.0  # seconds after the first job's start
+
+
+@dataclass(frozen=True)
+class Together:
+    finish: tuple[float, ...]  # per job: seconds from its start to its last delivery
+    makespan: float  # the timer's finish of the overlay (from time 0)
+    agrees: bool  # the per-job finishes reproduce the timer's own finish
+
+
+def _unit(chunks: list[Fraction]) -> Fraction:
+    """The largest size every job's chunk is a whole multiple of."""
+    num, den = 0, 1
+    for c in chunks:
+        den = den * c.denominator // gcd(den, c.denominator)
+    for c in chunks:
+        num = gcd(num, int(c * den))
+    return Fraction(num, den)
+
+
+def with_clocks(topo: Topology, delays: list[tuple[float, tuple[int, ...]]], unit: float) -> Topology:
+    """The topology plus one clock GPU per delay, after the real GPUs (switches move up), with a
+    private link to each GPU it delays on which one `unit`-byte message takes the delay."""
+    k, n = len(delays), topo.ngpus
+    if not k:
+        return topo
+    move = lambda v: v if v < n else v + k  # noqa: E731
+    links = [Link(move(l.src), move(l.dst), l.bandwidth, l.alpha, l.count, l.kind) for l in topo.links]
+    for i, (delay, gpus) in enumerate(delays):
+        links += [Link(n + i, g, unit / delay, 0.0, 1, "") for g in gpus]
+    return replace(topo, name=topo.name + "+clocks", ngpus=n + k, links=tuple(sorted(links, key=lambda l: (l.src, l.dst))),
+                   nics=tuple(replace(c, tx=move(c.tx) if c.tx >= 0 else -1, rx=move(c.rx) if c.rx >= 0 else -1)
+                              for c in topo.nics))
+
+
+def _job_tbs(p: Placed, scale: int, chan0: int, clock: int | None) -> dict[int, list[ThreadBlock]]:
+    """Global rank -> the job's thread blocks there (ids from 0; with a clock, tb 0 waits for it)."""
+    out: dict[int, list[ThreadBlock]] = {}
+    shift = 1 if clock is not None else 0
+    for g in p.program.gpus:
+        rank = p.ranks[g.rank]
+        tbs = [ThreadBlock(0, -1, clock, chan0, (Step("r", "s", 0, "s", 0, 1, -1, -1, True),))] if shift else []
+        for tb in g.tbs:
+            steps = [replace(s, cnt=s.cnt * scale, depid=s.depid + shift if s.depid >= 0 else -1,
+                             deps=s.deps + shift if s.depid >= 0 else -1) for s in tb.steps]
+            if shift:
+                steps.insert(0, Step("nop", "o", -1, "o", -1, 0, 0, 0, False))
+            tbs.append(ThreadBlock(tb.id + shift, p.ranks[tb.send] if tb.send >= 0 else -1,
+                                   p.ranks[tb.recv] if tb.recv >= 0 else -1, tb.chan + chan0, tuple(steps)))
+        out[rank] = tbs
+    return out
+
+
+def run_together(topo: Topology, placed: list[Placed]) -> Together:
+    """Time the jobs' programs together on `topo` (see the module docstring)."""
+    chunks = [Fraction(p.call_bytes) / p.program.nchunksperloop for p in placed]
+    unit = _unit(chunks)
+    delays = [(p.start, p.ranks) for p in placed if p.start > 0]
+    timed = with_clocks(topo, delays, float(unit))
+    n = topo.ngpus
+    per_rank: dict[int, list[ThreadBlock]] = {}
+    owner: dict[tuple[int, int], int] = {}  # (global rank, tb id) -> job
+    chan0, clock = 0, n
+    for j, (p, c) in enumerate(zip(placed, chunks)):
+        mine = _job_tbs(p, int(c / unit), chan0, clock if p.start > 0 else None)
+        if p.start > 0:
+            per_rank[clock] = [ThreadBlock(i, g, -1, chan0, (Step("s", "s", 0, "s", 0, 1, -1, -1, False),))
+                               for i, g in enumerate(p.ranks)]
+            clock += 1
+        for rank, tbs in mine.items():
+            per_rank[rank] = tbs
+            owner.update({(rank, tb.id): j for tb in tbs})
+        chan0 += p.program.nchannels
+    gpus = tuple(GpuProgram(r, 1, 1, 1, tuple(per_rank.get(r, ()))) for r in range(timed.ngpus))
+    program = Program("jobs-together", CUSTOM, timed.ngpus, 1, chan0, gpus)
+    trace: dict = {}
+    makespan = time_program(program, timed, float(unit), trace).finish_time_s
+    ends = [0.0] * len(placed)
+    tbs = {(g.rank, tb.id): tb for g in gpus for tb in g.tbs}
+    for (rank, tb_id, step), (start, _) in trace.items():
+        j = owner.get((rank, tb_id))
+        if j is None:
+            continue  # a clock's message
+        tb = tbs[(rank, tb_id)]
+        path = timed.best_path(rank, tb.send)
+        done = start + tb.steps[step].cnt * float(unit) / timed.path_bandwidth(path) + timed.path_alpha(path)
+        ends[j] = max(ends[j], done)
+    finish = tuple(max(0.0, e - p.start) for e, p in zip(ends, placed))
+    agrees = abs(max(ends, default=0.0) - makespan) <= CHECK_TOLERANCE * max(makespan, 1e-12)
+    return Together(finish, makespan, agrees)
+
+
+def sends_of(program: Program) -> int:
+    return sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)

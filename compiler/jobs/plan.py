@@ -1,0 +1,301 @@
+"""Several jobs planned together on one shared topology.
+
+    plan_jobs(topology, jobs, JobsOptions) -> JobsResult
+
+The method (a decomposition; a joint MILP over every job's chunks is far beyond two cores for a
+cluster of 32 GPUs, see the README):
+1. each job is planned alone on its view (compiler/jobs/view.py) with the pipeline (`auto` by
+   default), lowered and verified: its program alone, and its time alone on the idle cluster;
+   jobs whose views, collectives and sizes are the same share one plan;
+2. naive: every job's alone program, all run together;
+3. candidates: for each priority order, jobs are placed in turn on what the earlier ones left
+   (compiler/jobs/timeline.py: each job's plan re-timed and re-routed on the shared links), and
+   each later job's program is re-lowered from its re-timed schedule with gates that hold its
+   sends back from the busy links as the plan timed them (compiler/jobs/gates.py), then verified;
+4. every candidate, the naive way included, is timed by the program timer with all jobs running
+   together (compiler/jobs/overlay.py), and the objective picks one: `weighted` the smallest
+   weighted sum of the jobs' times, `fair` the largest min over jobs of (time alone / time shared).
+The naive way is a candidate, so the joint plan is never worse than it by the same judge.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+
+from compiler.jobs.gates import apply_gates, choose_gates
+from compiler.jobs.overlay import Placed, run_together
+from compiler.jobs.spec import JobSpec
+from compiler.jobs.timeline import Timeline, place
+from compiler.jobs.view import JobView, job_view
+from compiler.lowering.lower import LowerOptions, lower
+from compiler.model.demand import make_demand
+from compiler.model.linknames import link_names
+from compiler.model.program import Program
+from compiler.model.schedule import Schedule
+from compiler.model.topology import Topology
+from compiler.pipeline import CompileOptions, Result, compile
+from compiler.planners import PlanOptions
+from compiler.program.timing import call_bytes
+from compiler.program.verify import verify
+from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import ALL, target_runtimes
+
+OBJECTIVES = ("weighted", "fair")
+ALONE_SHARE = 0.45  # of the time limit for planning the jobs alone; the candidates take the rest
+MAX_ORDERS = 6  # priority orders tried (every order for up to 3 jobs)
+
+
+@dataclass(frozen=True)
+class JobsOptions:
+    objective: str = "weighted"
+    method: str = "auto"
+    time_limit: float = 60.0  # seconds for the whole plan
+    runtime: str = ALL
+    proto: str = "Simple"
+    progress: object = None  # callable(str) or None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str  # "naive" or the priority order, e.g. "tp0 > tp1"
+    order: tuple[int, ...]  # job indices, highest priority first; () for naive
+    programs: tuple[Program, ...]
+    schedules: tuple[Schedule, ...]
+    finish: tuple[float, ...]
+    gates: tuple[int, ...]  # gates added per job
+    notes: tuple[str, ...] = ()
+    family: str = "alone"  # which of each job's plans (plan_variants) it runs
+    used: tuple = ()  # per job: the Result (plan, program) it runs, before gates
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    spec: JobSpec
+    view: JobView
+    alone: Result  # planned alone on its view
+    program: Program  # the joint program (its alone program where the plan keeps it)
+    schedule: Schedule  # the joint schedule (on the view)
+    finish_s: float
+    alone_s: float
+    naive_s: float
+    gates: int
+    method: str  # the plan it runs jointly: planner/chunks per rank
+
+    @property
+    def slowdown(self) -> float:
+        return self.finish_s / self.alone_s if self.alone_s > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class JobsResult:
+    topology: Topology
+    objective: str
+    jobs: tuple[JobPlan, ...]
+    chosen: str  # label of the chosen candidate
+    candidates: tuple[tuple[str, float, float], ...]  # (label, weighted sum, min alone/shared)
+    shared: tuple[tuple[str, tuple[str, ...]], ...]  # (link name, jobs using it), links of two or more jobs
+    plan_time_s: float
+    notes: tuple[str, ...] = field(default=())
+
+    def weighted(self, which: str) -> float:
+        return sum(j.spec.weight * getattr(j, which) for j in self.jobs)
+
+
+def _signature(view: JobView, spec: JobSpec) -> tuple:
+    return (spec.collective, spec.size, spec.root, replace(view.topology, name=""))
+
+
+def plan_alone(topo: Topology, jobs: tuple[JobSpec, ...], views: list[JobView], options: JobsOptions,
+               deadline: float) -> list[Result]:
+    """Each job planned alone on its view; identical jobs (view, collective, size) share a plan."""
+    distinct = {_signature(v, j) for v, j in zip(views, jobs)}
+    share = max(1.0, (deadline - time.perf_counter()) * ALONE_SHARE / len(distinct))
+    done: dict[tuple, Result] = {}
+    out = []
+    for v, j in zip(views, jobs):
+        key = _signature(v, j)
+        if key not in done:
+            if options.progress:
+                options.progress(f"planning job {j.name} alone ({j.collective}, {j.ngpus} GPUs)")
+            demand = make_demand(j.collective, j.ngpus, j.size, 1, j.root)
+            plan = PlanOptions(method=options.method, time_limit=share, refine=True)
+            done[key] = compile(v.topology, demand, CompileOptions(plan, LowerOptions(proto=options.proto),
+                                                                   options.runtime))
+        out.append(done[key])
+    return out
+
+
+VARIANT_METHOD = "hier"  # the other plan each job may run with when it shares the cluster
+VARIANT_PARTS = (1, 2)  # ... at the alone plan's chunks per rank, times these
+
+
+def plan_variants(jobs, views, alone: list[Result], options: JobsOptions) -> list[dict[str, Result]]:
+    """Per job, the plans it may run with in a joint plan: its alone plan ("alone"), and the
+    hierarchical baseline at the same and at twice its chunks per rank, where that applies (it
+    sends each chunk across the network once and then fans it out, which leaves a job little
+    to send on shared NICs late and gives a later job's gates receives to wait on)."""
+    done: dict[tuple, dict[str, Result]] = {}
+    out = []
+    for v, j, r in zip(views, jobs, alone):
+        key = _signature(v, j)
+        if key not in done:
+            found = {"alone": r}
+            for parts in VARIANT_PARTS:
+                chunks = r.demand.chunks_per_rank * parts
+                label = f"{VARIANT_METHOD}/{chunks}ch"
+                if r.schedule.planner == VARIANT_METHOD and parts == 1:
+                    continue
+                try:
+                    demand = make_demand(j.collective, j.ngpus, j.size, chunks, j.root)
+                    if demand.chunk_bytes % 4:
+                        continue
+                    found[label] = compile(v.topology, demand, CompileOptions(
+                        PlanOptions(method=VARIANT_METHOD, time_limit=10.0), LowerOptions(proto=options.proto),
+                        options.runtime))
+                except CompileError:
+                    continue  # the baseline does not apply to this job (one node, a reduction, limits)
+            done[key] = found
+        out.append(done[key])
+    return out
+
+
+def _placed(job: JobSpec, view: JobView, program: Program) -> Placed:
+    return Placed(program, view.ranks, call_bytes(program, job.size), job.start_s)
+
+
+def _lower_gated(job: JobSpec, view: JobView, schedule: Schedule, gates_for, options: JobsOptions,
+                 alone: Result) -> tuple[Program, int, str | None]:
+    """The re-timed schedule lowered, gated and verified; the alone program where that fails."""
+    try:
+        where: dict = {}
+        runtimes = target_runtimes(schedule.demand.collective, options.runtime)
+        aimed = runtimes[0] if len(runtimes) == 1 else options.runtime
+        program = lower(schedule, view.topology, LowerOptions(proto=options.proto, runtime=aimed), where)
+        gates = gates_for(where)
+        gated = apply_gates(program, gates)
+        verdict = verify(gated, options.runtime, demand=schedule.demand, sms=view.topology.sms)
+        if not verdict.ok:
+            return alone.program, 0, f"{job.name}: gated program failed verification ({verdict.summary()}); kept alone"
+        return gated, len(gates), None
+    except CompileError as e:
+        return alone.program, 0, f"{job.name}: could not re-lower ({e}); kept its alone program"
+
+
+def priority_candidate(topo: Topology, jobs, views, alone: list[Result], order: tuple[int, ...],
+                       options: JobsOptions, family: str = "alone") -> Candidate:
+    timeline = Timeline(topo)
+    programs: list[Program | None] = [None] * len(jobs)
+    schedules: list[Schedule | None] = [None] * len(jobs)
+    gates = [0] * len(jobs)
+    notes = []
+    busy: set[int] = set()
+    for rank_in_order, j in enumerate(order):
+        job, view = jobs[j], views[j]
+        placement = place(timeline, view, alone[j].schedule, job.start_s)
+        schedules[j] = placement.schedule
+        if rank_in_order == 0 or not busy & placement.links:
+            programs[j] = alone[j].program
+        else:
+            gates_for = lambda where, p=placement, v=view, b=frozenset(busy), s=job.start_s: \
+                choose_gates(p, where, v, topo, b, s)  # noqa: E731
+            programs[j], gates[j], note = _lower_gated(job, view, placement.schedule, gates_for, options, alone[j])
+            if note:
+                notes.append(note)
+        busy |= placement.links
+    placed = [_placed(job, view, p) for job, view, p in zip(jobs, views, programs)]
+    finish = run_together(topo, placed).finish
+    label = " > ".join(jobs[j].name for j in order) + ("" if family == "alone" else f" ({family} plans)")
+    return Candidate(label, order, tuple(programs), tuple(schedules), finish, tuple(gates), tuple(notes), family,
+                     tuple(alone))
+
+
+def orders(jobs: tuple[JobSpec, ...], alone_s: list[float]) -> list[tuple[int, ...]]:
+    """Smith's rule first (weight / time alone, highest first: the order that minimises a weighted
+    sum of completion times on one shared resource), then every other order for up to 3 jobs,
+    else weight alone and the reverses."""
+    n = len(jobs)
+    smith = tuple(sorted(range(n), key=lambda j: (-jobs[j].weight / max(alone_s[j], 1e-12), j)))
+    if n <= 3:
+        return list(dict.fromkeys([smith] + list(itertools.permutations(range(n)))))[:MAX_ORDERS]
+    heavy = tuple(sorted(range(n), key=lambda j: (-jobs[j].weight, j)))
+    return list(dict.fromkeys([smith, heavy, smith[::-1], heavy[::-1]]))
+
+
+def score(objective: str, jobs, finish, alone_s) -> tuple[float, float]:
+    weighted = sum(j.weight * f for j, f in zip(jobs, finish))
+    fairness = min((a / f if f > 0 else 1.0) for a, f in zip(alone_s, finish))
+    return (weighted, -fairness) if objective == "weighted" else (-fairness, weighted)
+
+
+def shared_links(topo: Topology, jobs, views, programs) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Named links that the programs of two or more jobs use (their connections' routes)."""
+    names = link_names(topo)
+    users: dict[str, list[str]] = {}
+    for job, view, p in zip(jobs, views, programs):
+        mine = set()
+        for g in p.gpus:
+            for tb in g.tbs:
+                if tb.send >= 0:
+                    path = topo.best_path(view.ranks[g.rank], view.ranks[tb.send])
+                    mine |= {names[l] for l in topo.path_links(path)}
+        for name in mine:
+            users.setdefault(name, []).append(job.name)
+    return tuple((n, tuple(u)) for n, u in sorted(users.items()) if len(u) > 1)
+
+
+def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = JobsOptions()) -> JobsResult:
+    if options.objective not in OBJECTIVES:
+        raise CompileError(f"objective={options.objective!r}: not one of {', '.join(OBJECTIVES)}")
+    t0 = time.perf_counter()
+    skipped: list[str] = []
+    views = [job_view(topo, j.ranks, j.name) for j in jobs]
+    alone = plan_alone(topo, jobs, views, options, t0 + options.time_limit)
+    alone_programs = [r.program for r in alone]
+    if any(p is None for p in alone_programs):
+        raise CompileError("jobs: a job's plan has no program (" + (alone[0].skipped or "no XML") + ")")
+    alone_s = [run_together(topo, [_placed(j, v, r.program)]).finish[0] for j, v, r in zip(jobs, views, alone)]
+    alone_s = [a if a > 0 else 1e-12 for a in alone_s]
+    naive = Candidate("naive", (), tuple(alone_programs), tuple(r.schedule for r in alone),
+                      run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, alone)]).finish,
+                      (0,) * len(jobs), used=tuple(alone))
+    candidates = [naive]
+    if len(jobs) > 1:
+        variants = plan_variants(jobs, views, alone, options)
+        families = list(dict.fromkeys(f for v in variants for f in v))
+        deadline = t0 + options.time_limit
+        for family in families[1:]:  # every job on the family's plans, no priority: cheap, sometimes fairest
+            plans = [v.get(family, v["alone"]) for v in variants]
+            finish = run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, plans)]).finish
+            candidates.append(Candidate(f"together ({family} plans)", (), tuple(r.program for r in plans),
+                                        tuple(r.schedule for r in plans), finish, (0,) * len(jobs),
+                                        family=family, used=tuple(plans)))
+        for order in orders(jobs, alone_s):
+            for family in families:
+                if time.perf_counter() > deadline and len(candidates) > 1:
+                    skipped.append(f"priority {' > '.join(jobs[j].name for j in order)} with {family} plans")
+                    continue
+                if options.progress:
+                    options.progress(f"candidate: priority {' > '.join(jobs[j].name for j in order)}, {family} plans")
+                plans = [v.get(family, v["alone"]) for v in variants]
+                candidates.append(priority_candidate(topo, jobs, views, plans, order, options, family))
+    best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
+    plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
+                          best.gates[i], plan_label(best.used[i]))
+                  for i, (j, v, r) in enumerate(zip(jobs, views, alone)))
+    table = tuple((c.label, *_scores(jobs, c.finish, alone_s)) for c in candidates)
+    notes = tuple(n for c in candidates for n in c.notes)
+    if skipped:
+        notes += (f"time limit reached; not tried: {'; '.join(skipped)}",)
+    return JobsResult(topo, options.objective, plans, best.label, table,
+                      shared_links(topo, jobs, views, best.programs), time.perf_counter() - t0, notes)
+
+
+def plan_label(r: Result) -> str:
+    return f"{r.schedule.planner}/{r.demand.chunks_per_rank}ch"
+
+
+def _scores(jobs, finish, alone_s) -> tuple[float, float]:
+    w, f = score("weighted", jobs, finish, alone_s)
+    return w, -f
