@@ -1,0 +1,297 @@
+"""Re-planning a saved schedule when the cluster changes: a link fails or slows, or the size changes.
+
+    replan(old_schedule, changed_topology, ReplanOptions) -> Replanned
+
+The method, a repair that starts from the old schedule (its warm start):
+1. `kept_transfers`: the old transfers in their order, keeping each whose route still exists, does
+   not cross a changed link, and whose source still holds the chunk (through kept transfers);
+2. the kept transfers are list-scheduled again, in their order and on their routes, in the epoch
+   model of the changed topology (compiler/planners/baselines.ListScheduler: a degraded link's
+   window grows, so nothing carries more than its new capacity);
+3. `route_missing`: every delivery the kept transfers no longer make is routed, in the order the
+   old schedule made them, along the route that delivers it first given everything placed so far:
+   one transfer from any rank holding the chunk, or a relay chain where no one-transfer route exists;
+4. where the exact model is small enough, the MILP is solved at the repaired horizon, warm-started
+   from the repaired schedule;
+5. the candidates (the repair with and without relays, the MILP's, and the old schedule itself
+   where it still runs: a slowed link breaks nothing) are lowered and timed as programs, and the
+   fastest program wins, as in `auto`.
+Reductions (whose partial sums a dropped transfer would corrupt downstream) are planned afresh.
+
+A change that leaves some needed (source, destination) pair with no chain of transfers between them
+is refused, naming the pair (`check_connected`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, replace
+
+from compiler.analysis.simulate import simulate
+from compiler.lowering.lower import LowerOptions
+from compiler.model.demand import Demand
+from compiler.model.linknames import disconnected_pair
+from compiler.model.schedule import Schedule
+from compiler.model.timing import expand
+from compiler.model.topology import Topology
+from compiler.planners.baselines import ListScheduler
+from compiler.specs.collectives import CUSTOM
+from compiler.specs.errors import CompileError
+
+WARM_MILP_MAX_FLOWS = 40_000
+POLISH_SHARE = 0.5  # of the time left, for the MILP polish (the candidates are timed as programs after it)
+RELAY_SOURCES = 2  # holders (the first to hold a chunk) from which routes through a relay are tried  # the MILP polish is tried only below this many flow variables
+
+
+@dataclass(frozen=True)
+class ReplanOptions:
+    changed: frozenset[tuple[int, int]] = frozenset()  # (src, dst) vertex pairs of the failed or degraded links
+    what: str = ""  # the change as the user typed it, for messages
+    field: str = "fail_link"  # the option that made the change (errors name it)
+    size: int | None = None  # a new size (bytes), or None
+    time_limit: float = 20.0
+    milp: bool = True  # try the warm-started MILP polish where the model is small
+    lowering: LowerOptions = LowerOptions()  # how candidates are lowered to be timed as programs
+
+
+@dataclass(frozen=True)
+class Replanned:
+    schedule: Schedule
+    kept: int  # old transfers kept as they were
+    dropped: int  # old transfers dropped (their route changed, or what they relayed was dropped)
+    rerouted: int  # deliveries routed anew
+    replan_time_s: float
+    notes: tuple[str, ...] = ()
+    label: str = "repair"  # which candidate it is
+
+
+def resized(demand: Demand, size: int | None) -> Demand:
+    if size is None or size == demand.size_bytes:
+        return demand
+    return replace(demand, size_bytes=size, chunk_bytes=demand.chunk_bytes * size / demand.size_bytes)
+
+
+def check_connected(topo: Topology, demand: Demand, options: ReplanOptions) -> None:
+    """Refuse a change after which some rank cannot get a chunk it needs (or a contribution)."""
+    if demand.reduce:
+        needs = [((s,), d) for c in demand.chunks for s in c.sources for d in c.dests if s != d]
+    else:
+        needs = [(c.sources, d) for c in demand.chunks for d in c.dests if d not in c.sources]
+    pair = disconnected_pair(topo, needs)
+    if pair is not None:
+        s, d = pair
+        raise CompileError(f"{options.field}={options.what}: disconnects rank {s} from rank {d}, which needs its "
+                           f"data ({demand.collective}); no schedule can exist on the changed topology")
+
+
+def _one_hop(ls: ListScheduler, topo: Topology, src: int, dst: int, ready: int):
+    """(arrival epoch, start epoch, path) of the earliest one-transfer route src -> dst, or None."""
+    best = None
+    for p in topo.paths(src, dst):
+        links = topo.path_links(p)
+        k = ls._earliest(links, ready)
+        cand = (k + ls.te.arrival[links[-1]], k, p)
+        if best is None or cand[:2] < best[:2]:
+            best = cand
+    return best
+
+
+def _candidates(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int) -> list[tuple]:
+    """Routes into dst, as (arrival epoch, transfers, [(src, dst, path), ...]): one transfer from
+    each rank holding the chunk, and two through a relay GPU (from the `relays` holders that hold
+    it first): a one-transfer route may be stuck behind a slow or busy link that a relay avoids."""
+    holders = sorted((ls.ready[(chunk, r)], r) for r in range(topo.ngpus) if (chunk, r) in ls.ready and r != dst)
+    out = []
+    for ready, r in holders:
+        hop = _one_hop(ls, topo, r, dst, ready)
+        if hop is not None:
+            out.append((hop[0], 1, [(r, dst, hop[2])]))
+    held = {r for _, r in holders}
+    for ready, r in holders[:relays]:
+        for relay in topo.neighbours(r):
+            if relay in held or relay == dst or dst not in topo.neighbours(relay):
+                continue
+            first = _one_hop(ls, topo, r, relay, ready)
+            if first is None:
+                continue
+            second = _one_hop(ls, topo, relay, dst, first[0])
+            if second is not None:
+                out.append((second[0], 2, [(r, relay, first[2]), (relay, dst, second[2])]))
+    out.sort(key=lambda c: (c[0], c[1]))
+    return out
+
+
+def _relay_route(ls: ListScheduler, topo: Topology, chunk: int, dst: int) -> list[tuple[int, int, tuple]] | None:
+    """Earliest-arrival chain of transfers to dst through relaying GPUs (Dijkstra over arrival
+    epochs, links judged as they are now): [(src, dst, path), ...], or None."""
+    te = ls.te
+    best = {r: ls.ready[(chunk, r)] for r in range(topo.ngpus) if (chunk, r) in ls.ready}
+    prev: dict[int, tuple[int, tuple]] = {}
+    heap = [(e, r) for r, e in best.items()]
+    heapq.heapify(heap)
+    while heap:
+        e, u = heapq.heappop(heap)
+        if e > best.get(u, float("inf")):
+            continue
+        if u == dst:
+            break
+        for v in topo.neighbours(u):
+            for p in topo.paths(u, v):
+                links = topo.path_links(p)
+                arrive = ls._earliest(links, e) + te.arrival[links[-1]]
+                if arrive < best.get(v, float("inf")):
+                    best[v], prev[v] = arrive, (u, p)
+                    heapq.heappush(heap, (arrive, v))
+    if dst not in prev:
+        return None
+    hops, v = [], dst
+    while v in prev:
+        u, p = prev[v]
+        hops.append((u, v, p))
+        v = u
+    return hops[::-1]
+
+
+def route(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int) -> None:
+    """Deliver chunk to dst along the route that delivers it first, given everything placed so far:
+    one transfer from a rank that holds it, else a relay chain."""
+    options = _candidates(ls, topo, chunk, dst, relays)
+    if options:
+        for a, b, p in options[0][2]:
+            ls.add(chunk, a, b, p)
+        return
+    hops = _relay_route(ls, topo, chunk, dst)
+    if hops is None:
+        raise CompileError(f"replan: chunk {chunk} cannot reach rank {dst} on {topo.name}")
+    for a, b, p in hops:
+        if (chunk, b) not in ls.ready:
+            ls.add(chunk, a, b, p)
+
+
+def repair(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float,
+           relays: int = RELAY_SOURCES) -> Replanned:
+    """The old schedule replayed in its order on the changed topology (steps 1-3 of the module
+    docstring): a transfer that still holds is list-scheduled as it was; one that does not (its
+    route is gone or crosses a changed link, or its source no longer holds the chunk) has its
+    delivery routed anew at that point, so re-routed and kept transfers share the links in the
+    old schedule's time order; deliveries still missing at the end are routed last."""
+    te = expand(topo, demand, tau=old.tau if demand.chunk_bytes == old.demand.chunk_bytes else None)
+    ls = ListScheduler(topo, demand, te)
+    kept = rerouted = 0
+    for t in old.transfers:
+        hops = list(zip(t.path, t.path[1:]))
+        holds = (t.chunk, t.src) in ls.ready
+        if holds and all(topo.has_link(a, b) and (a, b) not in options.changed for a, b in hops):
+            if (t.chunk, t.dst) not in ls.ready or demand.reduce:
+                ls.add(t.chunk, t.src, t.dst, t.path, t.reduce)
+                kept += 1
+        elif (t.chunk, t.dst) not in ls.ready:
+            route(ls, topo, t.chunk, t.dst, relays)
+            rerouted += 1
+    for c in demand.chunks:
+        for d in c.dests:
+            if d not in c.sources and (c.id, d) not in ls.ready:
+                route(ls, topo, c.id, d, relays)
+                rerouted += 1
+    note = (f"replan: kept {kept} of {len(old.transfers)} transfers of the {old.planner} schedule, "
+            f"routed {rerouted} deliveries anew" + (" (relays allowed)" if relays else " (one transfer each)"))
+    schedule = ls.schedule("replan", t0, (note,))
+    label = "repair with relays" if relays else "repair, one transfer per delivery"
+    return Replanned(schedule, kept, len(old.transfers) - kept, rerouted, time.perf_counter() - t0, (note,), label)
+
+
+def milp_polish(topo: Topology, repaired: Replanned, options: ReplanOptions, t0: float) -> tuple[Replanned | None, str]:
+    """The MILP at the repaired horizon, warm-started from the repaired schedule, where the model
+    is small enough (a candidate, or None), and a note on what happened."""
+    s = repaired.schedule
+    flows = len(s.demand.chunks) * len(topo.links) * max(1, s.epochs)
+    if not options.milp or flows > WARM_MILP_MAX_FLOWS:
+        return None, f"replan: MILP polish skipped (about {flows} flow variables; above {WARM_MILP_MAX_FLOWS})"
+    from compiler.planners.highs import solve
+    from compiler.planners.milp import build, extract, prune_useless, warm_values
+    te = expand(topo, s.demand, tau=s.tau).with_horizon(s.epochs, "the repaired schedule's horizon")
+    try:
+        model = build(topo, s.demand, te, s.epochs, False)
+    except CompileError as e:
+        return None, f"replan: MILP polish skipped ({e})"
+    warm = warm_values(model, topo, s.transfers)
+    left = (options.time_limit - (time.perf_counter() - t0)) * POLISH_SHARE
+    if left < 0.5:
+        return None, "replan: no time left for the MILP polish"
+    res = solve(model.problem, time_limit=left, warm=warm)
+    if not res.has_solution:
+        return None, f"replan: MILP polish found nothing in {left:.1f} s ({res.status})"
+    transfers = prune_useless(extract(model, topo, te), s.demand)
+    how = "warm-started from the repair" if warm else "cold: the repair did not fit as a start"
+    note = f"replan: MILP at the repair's {s.epochs} epochs, {how} ({res.status})"
+    polished = Schedule(s.demand, topo.name, tuple(transfers), s.tau, s.epochs, "replan", "feasible", res.gap,
+                        time.perf_counter() - t0, notes=(note,)).sorted()
+    return Replanned(polished, repaired.kept, repaired.dropped, repaired.rerouted, time.perf_counter() - t0, (note,),
+                     "MILP warm-started from the repair"), note
+
+
+def program_time(topo: Topology, schedule: Schedule, lowering: LowerOptions) -> float | None:
+    """The program's time (the judge of candidates, as for `auto`), or None if it cannot be lowered."""
+    from compiler.lowering.lower import lower
+    from compiler.pipeline import demand_chunks
+    from compiler.program.timing import call_bytes, time_program
+    try:
+        program = lower(schedule, topo, lowering)
+    except CompileError:
+        return None
+    size = schedule.demand.size_bytes
+    if program.collective == CUSTOM:
+        size = call_bytes(program, demand_chunks(schedule.demand)[1])
+    return time_program(program, topo, size).finish_time_s
+
+
+def candidates(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> list[Replanned]:
+    """The repairs (with and without relays), the MILP polish where small, and the old schedule
+    itself where it still runs unchanged (a slowed link breaks nothing; a re-route may not pay)."""
+    out = [repair(old, topo, demand, options, t0, relays) for relays in (RELAY_SOURCES, 0)]
+    polished, note = milp_polish(topo, out[0], options, t0)
+    out[0] = replace(out[0], notes=out[0].notes + (note,))
+    if polished is not None:
+        out.append(polished)
+    if demand == old.demand and all(all(topo.has_link(a, b) for a, b in zip(t.path, t.path[1:]))
+                                    for t in old.transfers):
+        note = "replan: the old schedule, unchanged (it still runs on the changed topology)"
+        out.append(Replanned(replace(old, topology=topo.name, planner="replan", notes=(note,)),
+                             len(old.transfers), 0, 0, time.perf_counter() - t0, (note,), "the old schedule unchanged"))
+    return out
+
+
+def replan(old: Schedule, topo: Topology, options: ReplanOptions = ReplanOptions()) -> Replanned:
+    """The old schedule repaired for the changed topology (see the module docstring): of the
+    candidates, the one whose program the program timer finds fastest."""
+    t0 = time.perf_counter()
+    demand = resized(old.demand, options.size)
+    if demand.ngpus != topo.ngpus:
+        raise CompileError(f"replan: the schedule is for {demand.ngpus} GPUs, {topo.name} has {topo.ngpus}")
+    check_connected(topo, demand, options)
+    if demand.reduce or any(t.group >= 0 for t in old.transfers):
+        return afresh(old, topo, demand, options, t0)
+    judged = []
+    for c in candidates(old, topo, demand, options, t0):
+        judged.append((program_time(topo, c.schedule, options.lowering), c))
+    usable = [(t, c) for t, c in judged if t is not None] or [(float("inf"), judged[0][1])]
+    best_time, best = min(usable, key=lambda x: x[0])
+    ranking = ", ".join(f"{c.label} {t * 1e3:.4g} ms" if t is not None else f"{c.label} (not lowerable)"
+                        for t, c in judged)
+    note = f"replan: chose {best.label} by program time ({ranking})"
+    notes = tuple(dict.fromkeys(best.schedule.notes + best.notes + (note,)))
+    schedule = replace(best.schedule, solve_time=time.perf_counter() - t0, notes=notes)
+    return replace(best, schedule=schedule, replan_time_s=time.perf_counter() - t0, notes=notes)
+
+
+def afresh(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> Replanned:
+    """Reductions (and multicast schedules) are planned anew with the old schedule's planner."""
+    from compiler.planners import PlanOptions, plan
+    from compiler.planners.registry import METHODS
+    method = old.planner if old.planner in METHODS else "auto"
+    s = plan(topo, demand, PlanOptions(method=method, time_limit=options.time_limit))
+    note = (f"replan: {demand.collective} reduces partial sums along its routes, so it was planned anew with "
+            f"{method} (nothing of the old schedule kept)")
+    s = replace(s, notes=s.notes + (note,))
+    return Replanned(s, 0, len(old.transfers), len(demand.needs()), time.perf_counter() - t0, (note,), "afresh")
