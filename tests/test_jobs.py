@@ -1,0 +1,107 @@
+"""Several jobs on one shared cluster: `msccl-compile jobs`, its figures re-checked by the program
+timer on the written files, the clock for late jobs, and bad input refused in one line."""
+
+import json
+
+import pytest
+
+from backends.msccl_xml import read_xml
+from compiler.jobs.overlay import Placed, run_together
+from compiler.jobs.spec import JobSpec
+from compiler.jobs.view import job_view
+from compiler.model.demand import make_demand
+from compiler.pipeline import CompileOptions, compile
+from compiler.planners import PlanOptions
+from compiler.program.verify import verify
+from tests.conftest import run_cli
+
+# dgx1 x 2: NIC k serves GPUs 2k and 2k+1, so these two jobs share NICs 0 and 1 on both nodes
+JOBS = {"jobs": [{"name": "a", "collective": "allgather", "ranks": [0, 2, 8, 10], "size": "4MB", "weight": 4},
+                 {"name": "b", "collective": "allgather", "ranks": [1, 3, 9, 11], "size": "4MB", "weight": 1}]}
+KEYS = {"name", "ngpus", "finish_s", "alone_s", "naive_s", "slowdown", "xml"}
+
+
+def jobs_cli(tmp_path, doc, *extra):
+    (tmp_path / "jobs.json").write_text(json.dumps(doc))
+    return run_cli("jobs", "jobs.json", "--hw", "dgx1", "--nodes", "2", "-o", "out", "--time-limit", "8", *extra,
+                   cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jobs")
+    proc = jobs_cli(tmp, JOBS, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return tmp, json.loads(proc.stdout)
+
+
+def test_joint_beats_naive_by_the_program_timer(weighted, topo):
+    tmp, out = weighted
+    assert {"weighted_sum_s", "naive_weighted_sum_s", "alone_weighted_sum_s", "jobs"} <= set(out)
+    assert all(KEYS <= set(j) for j in out["jobs"])
+    assert out["weighted_sum_s"] <= out["naive_weighted_sum_s"] * (1 + 1e-9)
+    assert out["weighted_sum_s"] < out["naive_weighted_sum_s"]  # these jobs share NICs: priority pays
+    assert {"nic0@0-netswitch", "nic1@1-netswitch"} <= {s["link"] for s in out["shared_links"]}
+    manifest = json.loads((tmp / "out" / "manifest" / "jobs.json").read_text())
+    assert manifest["weighted_sum_s"] == pytest.approx(out["weighted_sum_s"])
+    # the written XML files, read back and run together, give the reported times
+    shared = topo("dgx1", 2)
+    placed = []
+    for j, spec in zip(out["jobs"], JOBS["jobs"]):
+        program = read_xml(str(tmp / j["xml"]))
+        assert program.ngpus == j["ngpus"] == 4
+        assert verify(program).ok
+        placed.append(Placed(program, tuple(spec["ranks"]), 4e6))
+    together = run_together(shared, placed)
+    assert together.agrees
+    for j, f in zip(out["jobs"], together.finish):
+        assert f == pytest.approx(j["finish_s"])
+        assert j["slowdown"] == pytest.approx(j["finish_s"] / j["alone_s"])
+
+
+def test_fair_objective_is_no_less_fair_than_naive(tmp_path):
+    proc = jobs_cli(tmp_path, JOBS, "--json", "--objective", "fair")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    joint = max(j["finish_s"] / j["alone_s"] for j in out["jobs"])
+    naive = max(j["naive_s"] / j["alone_s"] for j in out["jobs"])
+    assert joint <= naive * (1 + 1e-9)
+
+
+def test_a_late_job_waits_for_its_clock(topo):
+    shared = topo("dgx1", 2)
+    view = job_view(shared, (1, 3, 9, 11), "b")
+    result = compile(view.topology, make_demand("allgather", 4, 4 * 10**6), CompileOptions(PlanOptions(method="hier")))
+    now = run_together(shared, [Placed(result.program, view.ranks, 4e6)])
+    later = run_together(shared, [Placed(result.program, view.ranks, 4e6, start=250e-6)])
+    assert now.agrees and later.agrees
+    assert later.finish[0] == pytest.approx(now.finish[0], rel=1e-6)  # measured from its own start
+    assert later.makespan == pytest.approx(now.makespan + 250e-6, rel=1e-6)
+    assert now.finish[0] == pytest.approx(result.timing.finish_time_s)  # alone: the pipeline's program time
+
+
+def test_job_spec_defaults_and_communicator_order(tmp_path, topo):
+    from compiler.jobs.spec import load_jobs
+    (tmp_path / "j.json").write_text(json.dumps({"jobs": [{"collective": "AllGather", "ranks": [9, 1], "size": 64}]}))
+    (job,) = load_jobs(str(tmp_path / "j.json"), topo("dgx1", 2))
+    assert job == JobSpec("job0", "allgather", (1, 9), 64, 1.0, 0.0)
+
+
+BAD = [
+    ("rank outside", [{"collective": "allgather", "ranks": [0, 16], "size": "1MB"}], "16"),
+    ("shared rank", [{"name": "x", "collective": "allgather", "ranks": [0, 1], "size": "1MB"},
+                     {"name": "y", "collective": "allgather", "ranks": [1, 2], "size": "1MB"}], "GPU 1"),
+    ("unknown collective", [{"collective": "allgossip", "ranks": [0, 1], "size": "1MB"}], "allgossip"),
+    ("empty job", [{"collective": "allgather", "ranks": [], "size": "1MB"}], "empty"),
+    ("uneven nodes", [{"collective": "allgather", "ranks": [0, 1, 8], "size": "1MB"}], "node"),
+    ("no jobs", [], "non-empty"),
+]
+
+
+@pytest.mark.parametrize("case,jobs,word", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case, jobs, word):
+    proc = jobs_cli(tmp_path, {"jobs": jobs})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0] and proc.stdout == ""
+    assert not (tmp_path / "out").exists()

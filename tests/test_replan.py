@@ -1,0 +1,103 @@
+"""Link names and re-planning: a failed link is never used and a degraded one carries no more than
+its new capacity (both judged by the schedule simulator on the changed topology), a change that cuts
+a needed pair is refused naming it, and `profiles show` lists the names."""
+
+import json
+
+import pytest
+
+from backends.msccl_xml import read_xml
+from compiler.analysis.simulate import ScheduleError, simulate
+from compiler.model.linknames import degrade, fail, named_links, resolve
+from compiler.model.schedule import Schedule
+from compiler.program.verify import verify
+from compiler.specs.errors import CompileError
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """An allgather on dgx1 planned by the MILP and saved with --schedule-out."""
+    tmp = tmp_path_factory.mktemp("replan")
+    proc = run_cli("allgather", "--hw", "dgx1", "--size", "16MB", "--method", "milp", "--chunks", "1",
+                   "--time-limit", "10", "--schedule-out", "old.json", "-o", "old.xml", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return tmp
+
+
+def replan_json(tmp, *args):
+    proc = run_cli("replan", "old.json", "--hw", "dgx1", "--time-limit", "3", "--json", *args, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_failed_link_is_never_used(saved, topo):
+    out = replan_json(saved, "--fail-link", "1-0", "-o", "fail.xml", "--schedule-out", "fail.json")
+    old = Schedule.load(str(saved / "old.json"))
+    assert any((0, 1) in zip(t.path, t.path[1:]) for t in old.transfers)  # the change broke something
+    assert out["change"]["link"] == "0-1" and out["replan_time_s"] > 0 and out["verified"] is True
+    assert out["old"]["time_on_changed_s"] is None and out["kept_transfers"] > 0
+    dgx1 = topo("dgx1")
+    changed = fail(dgx1, resolve(dgx1, "0-1", "fail_link"))
+    new = Schedule.load(str(saved / "fail.json"))
+    assert simulate(changed, new).finish_time_s == pytest.approx(out["transfer_time_s"])
+    assert not any(set(zip(t.path, t.path[1:])) & {(0, 1), (1, 0)} for t in new.transfers)
+    with pytest.raises(ScheduleError):
+        simulate(changed, old)  # the judge does refuse a schedule that uses the failed link
+    assert verify(read_xml(str(saved / "fail.xml"))).ok
+
+
+def test_degraded_link_carries_no_more_than_its_new_capacity(saved, topo):
+    out = replan_json(saved, "--degrade", "0-4=0.25", "--schedule-out", "slow.json", "-o", "slow.xml")
+    dgx1 = topo("dgx1")
+    which = resolve(dgx1, "0-4", "degrade")
+    changed = degrade(dgx1, which, 0.25, "degrade")
+    assert changed.link(0, 4).bandwidth == pytest.approx(dgx1.link(0, 4).bandwidth / 4)
+    new = Schedule.load(str(saved / "slow.json"))
+    m = simulate(changed, new)
+    for a, b in ((0, 4), (4, 0)):
+        link = changed.link(a, b)
+        spans = [(s, s + new.demand.chunk_bytes / changed.path_bandwidth(t.path))
+                 for t, s in zip(new.transfers, m.starts) if (a, b) in zip(t.path, t.path[1:])]
+        for s, _ in spans:  # at any moment, at most `count` transfers, each at most the new bandwidth
+            assert sum(1 for x, y in spans if x <= s < y) <= link.count
+        assert all(out["checks"]["links"][k]["within_capacity"] for k in out["checks"]["links"])
+    assert out["program_time_s"] <= out["old"]["time_on_changed_s"] * 1.5
+
+
+def test_a_change_that_disconnects_is_refused_naming_the_pair(tmp_path):
+    proc = run_cli("allgather", "--hw", "dgx-a100", "--size", "1MB", "--method", "direct", "--schedule-out", "s.json",
+                   "--no-xml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("replan", "s.json", "--hw", "dgx-a100", "--fail-link", "3-nvswitch", "-o", "x.xml", cwd=tmp_path)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--fail-link 3-nvswitch" in line and "rank 3" in line and "disconnects" in line
+    assert not (tmp_path / "x.xml").exists()
+    proc = run_cli("replan", "s.json", "--hw", "dgx-a100", "--fail-link", "3-9", cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no such link" in proc.stderr
+
+
+def test_link_names_resolve_both_ways_and_parallel_links(topo):
+    dgx2 = topo("dgx2", 2)
+    assert resolve(dgx2, "nvswitch-19", "x").link.name == "19-nvswitch"
+    assert resolve(dgx2, "network-nic2@1", "x").link.name == "nic2@1-netswitch"
+    with pytest.raises(CompileError, match="ambiguous"):
+        resolve(dgx2, "nic2-netswitch", "x")
+    names = [n.name for n in named_links(dgx2)]
+    assert len(names) == len(set(names)) == len(dgx2.links) // 2
+    dgx1 = topo("dgx1")
+    one = resolve(dgx1, "1-0#2", "fail_link")
+    assert one.name == "0-1#2" and fail(dgx1, one).link(0, 1).count == 1
+    with pytest.raises(CompileError, match="#1..#2"):
+        resolve(dgx1, "0-1#3", "fail_link")
+
+
+def test_profiles_show_lists_link_names(tmp_path):
+    proc = run_cli("profiles", "show", "dgx2", "--nodes", "2", "--json", cwd=tmp_path)
+    links = json.loads(proc.stdout)["topology"]["links"]
+    first = links[0]
+    assert {"name", "ends", "bandwidth", "alpha", "count"} <= set(first)
+    assert {"3-nvswitch", "nic2@0-netswitch", "4-nic2"} <= {l["name"] for l in links}
+    text = run_cli("profiles", "show", "dgx1", cwd=tmp_path).stdout
+    assert "names:" in text and "0-1 (x2: 0-1#1..#2)" in text
