@@ -53,6 +53,7 @@ class ReplanOptions:
     time_limit: float = 20.0
     milp: bool = True  # try the warm-started MILP polish where the model is small
     lowering: LowerOptions = LowerOptions()  # how candidates are lowered to be timed as programs
+    fraction: float | None = None  # a degraded link's share of bandwidth left
 
 
 @dataclass(frozen=True)
@@ -85,26 +86,28 @@ def check_connected(topo: Topology, demand: Demand, options: ReplanOptions) -> N
                            f"data ({demand.collective}); no schedule can exist on the changed topology")
 
 
-def _one_hop(ls: ListScheduler, topo: Topology, src: int, dst: int, ready: int):
-    """(arrival epoch, start epoch, path) of the earliest one-transfer route src -> dst, or None."""
+def _one_hop(ls: ListScheduler, topo: Topology, src: int, dst: int, ready: int, tails: dict | None = None):
+    """(arrival epoch, start epoch, path) of the earliest one-transfer route src -> dst, or None
+    (with `tails`, no earlier than the epoch after the last kept transfer on its first link)."""
     best = None
     for p in topo.paths(src, dst):
         links = topo.path_links(p)
-        k = ls._earliest(links, ready)
+        k = ls._earliest(links, ready if tails is None else max(ready, tails.get(links[0], -1) + 1))
         cand = (k + ls.te.arrival[links[-1]], k, p)
         if best is None or cand[:2] < best[:2]:
             best = cand
     return best
 
 
-def _candidates(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int) -> list[tuple]:
+def _candidates(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int,
+                tails: dict | None = None) -> list[tuple]:
     """Routes into dst, as (arrival epoch, transfers, [(src, dst, path), ...]): one transfer from
     each rank holding the chunk, and two through a relay GPU (from the `relays` holders that hold
     it first): a one-transfer route may be stuck behind a slow or busy link that a relay avoids."""
     holders = sorted((ls.ready[(chunk, r)], r) for r in range(topo.ngpus) if (chunk, r) in ls.ready and r != dst)
     out = []
     for ready, r in holders:
-        hop = _one_hop(ls, topo, r, dst, ready)
+        hop = _one_hop(ls, topo, r, dst, ready, tails)
         if hop is not None:
             out.append((hop[0], 1, [(r, dst, hop[2])]))
     held = {r for _, r in holders}
@@ -112,10 +115,10 @@ def _candidates(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays:
         for relay in topo.neighbours(r):
             if relay in held or relay == dst or dst not in topo.neighbours(relay):
                 continue
-            first = _one_hop(ls, topo, r, relay, ready)
+            first = _one_hop(ls, topo, r, relay, ready, tails)
             if first is None:
                 continue
-            second = _one_hop(ls, topo, relay, dst, first[0])
+            second = _one_hop(ls, topo, relay, dst, first[0], tails)
             if second is not None:
                 out.append((second[0], 2, [(r, relay, first[2]), (relay, dst, second[2])]))
     out.sort(key=lambda c: (c[0], c[1]))
@@ -153,13 +156,24 @@ def _relay_route(ls: ListScheduler, topo: Topology, chunk: int, dst: int) -> lis
     return hops[::-1]
 
 
-def route(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int) -> None:
+def _add_after(ls: ListScheduler, topo: Topology, chunk: int, a: int, b: int, path, tails: dict | None) -> None:
+    """ls.add, no earlier than `tails` allows on the path's first link."""
+    held = ls.ready[(chunk, a)]
+    if tails is not None:
+        ls.ready[(chunk, a)] = max(held, tails.get(topo.link_id(path[0], path[1]), -1) + 1)
+    try:
+        ls.add(chunk, a, b, path)
+    finally:
+        ls.ready[(chunk, a)] = held
+
+
+def route(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int, tails: dict | None = None) -> None:
     """Deliver chunk to dst along the route that delivers it first, given everything placed so far:
     one transfer from a rank that holds it, else a relay chain."""
-    options = _candidates(ls, topo, chunk, dst, relays)
+    options = _candidates(ls, topo, chunk, dst, relays, tails)
     if options:
         for a, b, p in options[0][2]:
-            ls.add(chunk, a, b, p)
+            _add_after(ls, topo, chunk, a, b, p, tails)
         return
     hops = _relay_route(ls, topo, chunk, dst)
     if hops is None:
@@ -170,34 +184,50 @@ def route(ls: ListScheduler, topo: Topology, chunk: int, dst: int, relays: int) 
 
 
 def repair(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float,
-           relays: int = RELAY_SOURCES) -> Replanned:
+           relays: int = RELAY_SOURCES, keep_share: float = 0.0, append: bool = False) -> Replanned:
     """The old schedule replayed in its order on the changed topology (steps 1-3 of the module
     docstring): a transfer that still holds is list-scheduled as it was; one that does not (its
     route is gone or crosses a changed link, or its source no longer holds the chunk) has its
     delivery routed anew at that point, so re-routed and kept transfers share the links in the
-    old schedule's time order; deliveries still missing at the end are routed last."""
+    old schedule's time order; deliveries still missing at the end are routed last.
+    keep_share: of the transfers over a degraded link, this first share (in the old order) stays on
+    it (a link at half its bandwidth can still carry about half its old load in the old time).
+    append: a re-routed send goes after the old schedule's sends on its first link: a program sends
+    on an outgoing link in schedule order, so a re-routed send slotted early into a lane would hold
+    up every later send there if its data came late."""
     te = expand(topo, demand, tau=old.tau if demand.chunk_bytes == old.demand.chunk_bytes else None)
     ls = ListScheduler(topo, demand, te)
     kept = rerouted = 0
+    over = [t for t in old.transfers if any((a, b) in options.changed and topo.has_link(a, b)
+                                            for a, b in zip(t.path, t.path[1:]))]
+    stay = {id(t) for t in over[:int(len(over) * keep_share)]}
+    tails: dict[int, int] | None = None
+    if append:
+        tails = {}
+        for t in old.transfers:
+            first = topo.link_id(t.path[0], t.path[1]) if topo.has_link(t.path[0], t.path[1]) else None
+            if first is not None:
+                tails[first] = max(tails.get(first, -1), t.start)
     for t in old.transfers:
         hops = list(zip(t.path, t.path[1:]))
         holds = (t.chunk, t.src) in ls.ready
-        if holds and all(topo.has_link(a, b) and (a, b) not in options.changed for a, b in hops):
+        if holds and all(topo.has_link(a, b) and ((a, b) not in options.changed or id(t) in stay) for a, b in hops):
             if (t.chunk, t.dst) not in ls.ready or demand.reduce:
                 ls.add(t.chunk, t.src, t.dst, t.path, t.reduce)
                 kept += 1
         elif (t.chunk, t.dst) not in ls.ready:
-            route(ls, topo, t.chunk, t.dst, relays)
+            route(ls, topo, t.chunk, t.dst, relays, tails)
             rerouted += 1
     for c in demand.chunks:
         for d in c.dests:
             if d not in c.sources and (c.id, d) not in ls.ready:
-                route(ls, topo, c.id, d, relays)
+                route(ls, topo, c.id, d, relays, tails)
                 rerouted += 1
     note = (f"replan: kept {kept} of {len(old.transfers)} transfers of the {old.planner} schedule, "
             f"routed {rerouted} deliveries anew" + (" (relays allowed)" if relays else " (one transfer each)"))
     schedule = ls.schedule("replan", t0, (note,))
-    label = "repair with relays" if relays else "repair, one transfer per delivery"
+    label = ("repair with relays" if relays else "repair, one transfer per delivery") + \
+        (f", {keep_share:.0%} kept on the slowed link" if keep_share else "") + (", appended" if append else "")
     return Replanned(schedule, kept, len(old.transfers) - kept, rerouted, time.perf_counter() - t0, (note,), label)
 
 
@@ -249,7 +279,9 @@ def program_time(topo: Topology, schedule: Schedule, lowering: LowerOptions) -> 
 def candidates(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> list[Replanned]:
     """The repairs (with and without relays), the MILP polish where small, and the old schedule
     itself where it still runs unchanged (a slowed link breaks nothing; a re-route may not pay)."""
-    out = [repair(old, topo, demand, options, t0, relays) for relays in (RELAY_SOURCES, 0)]
+    shares = (0.0,) if options.fraction is None else (0.0, options.fraction)  # a slowed link keeps its share
+    out = [repair(old, topo, demand, options, t0, relays, share, append)
+           for append in (False, True) for share in shares for relays in (RELAY_SOURCES, 0)]
     polished, note = milp_polish(topo, out[0], options, t0)
     out[0] = replace(out[0], notes=out[0].notes + (note,))
     if polished is not None:

@@ -15,15 +15,16 @@ from compiler.planners import PlanOptions
 from compiler.program.verify import verify
 from tests.conftest import run_cli
 
-# dgx1 x 2: NIC k serves GPUs 2k and 2k+1, so these two jobs share NICs 0 and 1 on both nodes
-JOBS = {"jobs": [{"name": "a", "collective": "allgather", "ranks": [0, 2, 8, 10], "size": "4MB", "weight": 4},
-                 {"name": "b", "collective": "allgather", "ranks": [1, 3, 9, 11], "size": "4MB", "weight": 1}]}
+# DGX-2 x 2: NIC k serves GPUs 2k and 2k+1, so these two jobs share NICs 0 and 1 on both nodes
+JOBS = {"jobs": [{"name": "a", "collective": "allgather", "ranks": [0, 2, 16, 18], "size": "8MB", "weight": 4},
+                 {"name": "b", "collective": "allgather", "ranks": [1, 3, 17, 19], "size": "8MB", "weight": 1}]}
 KEYS = {"name", "ngpus", "finish_s", "alone_s", "naive_s", "slowdown", "xml"}
 
 
 def jobs_cli(tmp_path, doc, *extra):
+    """The hierarchical baseline plans each job alone: deterministic and quick."""
     (tmp_path / "jobs.json").write_text(json.dumps(doc))
-    return run_cli("jobs", "jobs.json", "--hw", "dgx1", "--nodes", "2", "-o", "out", "--time-limit", "8", *extra,
+    return run_cli("jobs", "jobs.json", "--hw", "dgx2", "--nodes", "2", "-o", "out", "--method", "hier", *extra,
                    cwd=tmp_path)
 
 
@@ -45,13 +46,13 @@ def test_joint_beats_naive_by_the_program_timer(weighted, topo):
     manifest = json.loads((tmp / "out" / "manifest" / "jobs.json").read_text())
     assert manifest["weighted_sum_s"] == pytest.approx(out["weighted_sum_s"])
     # the written XML files, read back and run together, give the reported times
-    shared = topo("dgx1", 2)
+    shared = topo("dgx2", 2)
     placed = []
     for j, spec in zip(out["jobs"], JOBS["jobs"]):
         program = read_xml(str(tmp / j["xml"]))
-        assert program.ngpus == j["ngpus"] == 4
+        assert program.ngpus == j["ngpus"] == 4 and j["alone_s"] <= j["naive_s"]
         assert verify(program).ok
-        placed.append(Placed(program, tuple(spec["ranks"]), 4e6))
+        placed.append(Placed(program, tuple(spec["ranks"]), 8e6))
     together = run_together(shared, placed)
     assert together.agrees
     for j, f in zip(out["jobs"], together.finish):
@@ -88,12 +89,12 @@ def test_job_spec_defaults_and_communicator_order(tmp_path, topo):
 
 
 BAD = [
-    ("rank outside", [{"collective": "allgather", "ranks": [0, 16], "size": "1MB"}], "16"),
+    ("rank outside", [{"collective": "allgather", "ranks": [0, 32], "size": "1MB"}], "32"),
     ("shared rank", [{"name": "x", "collective": "allgather", "ranks": [0, 1], "size": "1MB"},
                      {"name": "y", "collective": "allgather", "ranks": [1, 2], "size": "1MB"}], "GPU 1"),
     ("unknown collective", [{"collective": "allgossip", "ranks": [0, 1], "size": "1MB"}], "allgossip"),
     ("empty job", [{"collective": "allgather", "ranks": [], "size": "1MB"}], "empty"),
-    ("uneven nodes", [{"collective": "allgather", "ranks": [0, 1, 8], "size": "1MB"}], "node"),
+    ("uneven nodes", [{"collective": "allgather", "ranks": [0, 1, 16], "size": "1MB"}], "node"),
     ("no jobs", [], "non-empty"),
 ]
 
@@ -105,3 +106,19 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case, jobs, w
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and word in lines[0] and proc.stdout == ""
     assert not (tmp_path / "out").exists()
+
+
+def test_a_lower_priority_job_is_gated_and_still_verified(topo):
+    from compiler.jobs.plan import JobsOptions, priority_candidate
+    shared = topo("dgx2", 2)
+    jobs = [JobSpec(j["name"], "allgather", tuple(j["ranks"]), 8 * 10**6, j["weight"]) for j in JOBS["jobs"]]
+    views = [job_view(shared, j.ranks, j.name) for j in jobs]
+    plans = [compile(v.topology, make_demand("allgather", 4, 8 * 10**6, 4), CompileOptions(PlanOptions(method="hier")))
+             for v in views]
+    # b first (the timer breaks ties for the lower ranks, so naive already favours a)
+    first = priority_candidate(shared, jobs, views, plans, (1, 0), JobsOptions())
+    assert first.gates[1] == 0 and first.gates[0] > 0 and not first.notes
+    assert first.programs[1] is plans[1].program  # the first job keeps its own plan
+    assert verify(first.programs[0], demand=make_demand("allgather", 4, 8 * 10**6, 4)).ok
+    naive = run_together(shared, [Placed(p.program, v.ranks, 8e6) for p, v in zip(plans, views)]).finish
+    assert first.finish[1] < 0.9 * naive[1]  # the gates keep a off the NICs b uses

@@ -132,8 +132,8 @@ VARIANT_PARTS = (1, 2)  # ... at the alone plan's chunks per rank, times these
 
 
 def plan_variants(jobs, views, alone: list[Result], options: JobsOptions) -> list[dict[str, Result]]:
-    """Per job, the plans it may run with in a joint plan: its alone plan ("alone"), and the
-    hierarchical baseline at the same and at twice its chunks per rank, where that applies (it
+    """Per job, the plans it may run with in a joint plan, by label (planner/chunks): `auto`'s, and
+    the hierarchical baseline at the same and at twice its chunks per rank, where that applies (it
     sends each chunk across the network once and then fans it out, which leaves a job little
     to send on shared NICs late and gives a later job's gates receives to wait on)."""
     done: dict[tuple, dict[str, Result]] = {}
@@ -141,11 +141,11 @@ def plan_variants(jobs, views, alone: list[Result], options: JobsOptions) -> lis
     for v, j, r in zip(views, jobs, alone):
         key = _signature(v, j)
         if key not in done:
-            found = {"alone": r}
+            found = {plan_label(r): r}
             for parts in VARIANT_PARTS:
                 chunks = r.demand.chunks_per_rank * parts
                 label = f"{VARIANT_METHOD}/{chunks}ch"
-                if r.schedule.planner == VARIANT_METHOD and parts == 1:
+                if label in found:
                     continue
                 try:
                     demand = make_demand(j.collective, j.ngpus, j.size, chunks, j.root)
@@ -183,8 +183,10 @@ def _lower_gated(job: JobSpec, view: JobView, schedule: Schedule, gates_for, opt
         return alone.program, 0, f"{job.name}: could not re-lower ({e}); kept its alone program"
 
 
-def priority_candidate(topo: Topology, jobs, views, alone: list[Result], order: tuple[int, ...],
+def priority_candidate(topo: Topology, jobs, views, plans: list[Result], order: tuple[int, ...],
                        options: JobsOptions, family: str = "alone") -> Candidate:
+    """Jobs placed in `order` on what the earlier ones left; each later job that meets a busy link
+    re-lowered from its re-timed schedule with gates (compiler/jobs/gates.py)."""
     timeline = Timeline(topo)
     programs: list[Program | None] = [None] * len(jobs)
     schedules: list[Schedule | None] = [None] * len(jobs)
@@ -193,14 +195,14 @@ def priority_candidate(topo: Topology, jobs, views, alone: list[Result], order: 
     busy: set[int] = set()
     for rank_in_order, j in enumerate(order):
         job, view = jobs[j], views[j]
-        placement = place(timeline, view, alone[j].schedule, job.start_s)
+        placement = place(timeline, view, plans[j].schedule, job.start_s)
         schedules[j] = placement.schedule
         if rank_in_order == 0 or not busy & placement.links:
-            programs[j] = alone[j].program
+            programs[j] = plans[j].program
         else:
             gates_for = lambda where, p=placement, v=view, b=frozenset(busy), s=job.start_s: \
                 choose_gates(p, where, v, topo, b, s)  # noqa: E731
-            programs[j], gates[j], note = _lower_gated(job, view, placement.schedule, gates_for, options, alone[j])
+            programs[j], gates[j], note = _lower_gated(job, view, placement.schedule, gates_for, options, plans[j])
             if note:
                 notes.append(note)
         busy |= placement.links
@@ -208,7 +210,7 @@ def priority_candidate(topo: Topology, jobs, views, alone: list[Result], order: 
     finish = run_together(topo, placed).finish
     label = " > ".join(jobs[j].name for j in order) + ("" if family == "alone" else f" ({family} plans)")
     return Candidate(label, order, tuple(programs), tuple(schedules), finish, tuple(gates), tuple(notes), family,
-                     tuple(alone))
+                     tuple(plans))
 
 
 def orders(jobs: tuple[JobSpec, ...], alone_s: list[float]) -> list[tuple[int, ...]]:
@@ -245,47 +247,79 @@ def shared_links(topo: Topology, jobs, views, programs) -> tuple[tuple[str, tupl
     return tuple((n, tuple(u)) for n, u in sorted(users.items()) if len(u) > 1)
 
 
+def best_alone(topo: Topology, jobs, views, variants: list[dict[str, Result]]) -> tuple[list[Result], list[float]]:
+    """Per job, the plan that is fastest on an idle cluster (its "alone" plan), and that time."""
+    plans, times = [], []
+    for j, v, found in zip(jobs, views, variants):
+        timed = [(run_together(topo, [_placed(j, v, r.program)]).finish[0], k, r) for k, r in enumerate(found.values())]
+        t, _, r = min(timed, key=lambda x: x[:2])
+        plans.append(r)
+        times.append(max(t, 1e-12))
+    return plans, times
+
+
+def together(label: str, topo, jobs, views, plans: list[Result], family: str = "alone") -> Candidate:
+    """Every job on the given plans, run together with no priority."""
+    finish = run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, plans)]).finish
+    return Candidate(label, (), tuple(r.program for r in plans), tuple(r.schedule for r in plans), finish,
+                     (0,) * len(jobs), family=family, used=tuple(plans))
+
+
+def priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline) -> tuple[list, list[str]]:
+    """For each priority order (Smith's rule first) and family of plans, a gated candidate, while
+    one like the slowest so far still fits before the deadline (at least one is always tried)."""
+    out, skipped, slowest = [], [], 0.0
+    for order in orders(jobs, alone_s):
+        for family, plans in plan_families(variants, alone):
+            what = f"priority {' > '.join(jobs[j].name for j in order)} with {family} plans"
+            if out and time.perf_counter() + slowest > deadline:
+                skipped.append(what)
+                continue
+            if options.progress:
+                options.progress(f"candidate: {what}")
+            started = time.perf_counter()
+            out.append(priority_candidate(topo, jobs, views, plans, order, options, family))
+            slowest = max(slowest, time.perf_counter() - started)
+    return out, skipped
+
+
+def plan_families(variants: list[dict[str, Result]], alone: list[Result]) -> list[tuple[str, list[Result]]]:
+    """("alone", every job's alone plan), then each label with every job on its plan of that label
+    (its alone plan where it has none), leaving out repeats."""
+    out, seen = [], set()
+    for family in ["alone"] + list(dict.fromkeys(f for v in variants for f in v)):
+        plans = [a if family == "alone" else v.get(family, a) for v, a in zip(variants, alone)]
+        key = tuple(id(r) for r in plans)
+        if key not in seen:
+            seen.add(key)
+            out.append((family, plans))
+    return out
+
+
 def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = JobsOptions()) -> JobsResult:
     if options.objective not in OBJECTIVES:
         raise CompileError(f"objective={options.objective!r}: not one of {', '.join(OBJECTIVES)}")
     t0 = time.perf_counter()
-    skipped: list[str] = []
+    deadline = t0 + options.time_limit
     views = [job_view(topo, j.ranks, j.name) for j in jobs]
-    alone = plan_alone(topo, jobs, views, options, t0 + options.time_limit)
-    alone_programs = [r.program for r in alone]
-    if any(p is None for p in alone_programs):
-        raise CompileError("jobs: a job's plan has no program (" + (alone[0].skipped or "no XML") + ")")
-    alone_s = [run_together(topo, [_placed(j, v, r.program)]).finish[0] for j, v, r in zip(jobs, views, alone)]
-    alone_s = [a if a > 0 else 1e-12 for a in alone_s]
-    naive = Candidate("naive", (), tuple(alone_programs), tuple(r.schedule for r in alone),
-                      run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, alone)]).finish,
-                      (0,) * len(jobs), used=tuple(alone))
-    candidates = [naive]
+    auto = plan_alone(topo, jobs, views, options, deadline)
+    if any(r.program is None for r in auto):
+        raise CompileError("jobs: a job's plan has no program (" + (auto[0].skipped or "no XML") + ")")
+    variants = plan_variants(jobs, views, auto, options) if len(jobs) > 1 else [{"auto": r} for r in auto]
+    alone, alone_s = best_alone(topo, jobs, views, variants)
+    naive = together("naive", topo, jobs, views, alone)
+    candidates, skipped = [naive], []
     if len(jobs) > 1:
-        variants = plan_variants(jobs, views, alone, options)
-        families = list(dict.fromkeys(f for v in variants for f in v))
-        deadline = t0 + options.time_limit
-        for family in families[1:]:  # every job on the family's plans, no priority: cheap, sometimes fairest
-            plans = [v.get(family, v["alone"]) for v in variants]
-            finish = run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, plans)]).finish
-            candidates.append(Candidate(f"together ({family} plans)", (), tuple(r.program for r in plans),
-                                        tuple(r.schedule for r in plans), finish, (0,) * len(jobs),
-                                        family=family, used=tuple(plans)))
-        for order in orders(jobs, alone_s):
-            for family in families:
-                if time.perf_counter() > deadline and len(candidates) > 1:
-                    skipped.append(f"priority {' > '.join(jobs[j].name for j in order)} with {family} plans")
-                    continue
-                if options.progress:
-                    options.progress(f"candidate: priority {' > '.join(jobs[j].name for j in order)}, {family} plans")
-                plans = [v.get(family, v["alone"]) for v in variants]
-                candidates.append(priority_candidate(topo, jobs, views, plans, order, options, family))
+        candidates += [together(f"together ({f} plans)", topo, jobs, views, plans, f)
+                       for f, plans in plan_families(variants, alone)[1:]]
+        more, skipped = priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline)
+        candidates += more
     best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
     plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
                           best.gates[i], plan_label(best.used[i]))
                   for i, (j, v, r) in enumerate(zip(jobs, views, alone)))
     table = tuple((c.label, *_scores(jobs, c.finish, alone_s)) for c in candidates)
-    notes = tuple(n for c in candidates for n in c.notes)
+    notes = tuple(dict.fromkeys(n for c in candidates for n in c.notes))
     if skipped:
         notes += (f"time limit reached; not tried: {'; '.join(skipped)}",)
     return JobsResult(topo, options.objective, plans, best.label, table,

@@ -102,7 +102,8 @@ def run(args) -> int:
         raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {old.topology!r}, "
                             f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
     changed, pairs, what, field, description, link, fraction = changed_topology(topo, args)
-    new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args)))
+    new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args),
+                                             fraction=fraction))
     result = compile_schedule(changed, new.schedule, CompileOptions(lower=lower_options(args), runtime=args.runtime,
                                                                     output=args.output))
     from compiler.cli.commands.collective import write
