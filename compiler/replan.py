@@ -3,19 +3,20 @@
     replan(old_schedule, changed_topology, ReplanOptions) -> Replanned
 
 The method, a repair that starts from the old schedule (its warm start):
-1. `kept_transfers`: the old transfers in their order, keeping each whose route still exists, does
-   not cross a changed link, and whose source still holds the chunk (through kept transfers);
-2. the kept transfers are list-scheduled again, in their order and on their routes, in the epoch
-   model of the changed topology (compiler/planners/baselines.ListScheduler: a degraded link's
-   window grows, so nothing carries more than its new capacity);
-3. `route_missing`: every delivery the kept transfers no longer make is routed, in the order the
-   old schedule made them, along the route that delivers it first given everything placed so far:
-   one transfer from any rank holding the chunk, or a relay chain where no one-transfer route exists;
-4. where the exact model is small enough, the MILP is solved at the repaired horizon, warm-started
-   from the repaired schedule;
-5. the candidates (the repair with and without relays, the MILP's, and the old schedule itself
-   where it still runs: a slowed link breaks nothing) are lowered and timed as programs, and the
-   fastest program wins, as in `auto`.
+1. `repair`: the old transfers replayed in their order on the changed topology with the epoch-model
+   list scheduler (compiler/planners/baselines.ListScheduler, so a degraded link's window grows and
+   nothing carries more than its new capacity). A transfer whose route still exists, avoids the
+   changed link and whose source still holds the chunk is kept as it was; for one that does not,
+   its delivery is routed anew right there (`route`), along the route that delivers it first given
+   everything placed so far: one transfer from any rank holding the chunk, or two through a relay
+   GPU (a relay chain where nothing shorter exists). Deliveries still missing are routed last.
+   Variants: without relays; keeping a slowed link's share of its old load on it; appending
+   re-routed sends after the old sends of their lane (a program sends on a link in schedule order);
+2. where the exact model is small enough, the MILP is solved at the repaired horizon, warm-started
+   from the repair (`milp_polish`);
+3. the candidates (the repairs, the MILP's, and the old schedule itself where it still runs: a
+   slowed link breaks nothing) are lowered and timed as programs, and the fastest program wins,
+   as `auto` picks by the simulator.
 Reductions (whose partial sums a dropped transfer would corrupt downstream) are planned afresh.
 
 A change that leaves some needed (source, destination) pair with no chain of transfers between them
@@ -28,7 +29,6 @@ import heapq
 import time
 from dataclasses import dataclass, replace
 
-from compiler.analysis.simulate import simulate
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand
 from compiler.model.linknames import disconnected_pair
@@ -39,9 +39,9 @@ from compiler.planners.baselines import ListScheduler
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
 
-WARM_MILP_MAX_FLOWS = 40_000
+WARM_MILP_MAX_FLOWS = 40_000  # the MILP polish is tried only below this many flow variables
 POLISH_SHARE = 0.5  # of the time left, for the MILP polish (the candidates are timed as programs after it)
-RELAY_SOURCES = 2  # holders (the first to hold a chunk) from which routes through a relay are tried  # the MILP polish is tried only below this many flow variables
+RELAY_SOURCES = 2  # holders (the first to hold a chunk) from which routes through a relay are tried
 
 
 @dataclass(frozen=True)

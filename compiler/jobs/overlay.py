@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from math import gcd
 
-from compiler.model.program import SENDS, GpuProgram, Program, Step, ThreadBlock
+from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
 from compiler.model.topology import Link, Topology
 from compiler.program.timing import time_program
 from compiler.specs.collectives import CUSTOM
@@ -127,6 +127,3 @@ def run_together(topo: Topology, placed: list[Placed]) -> Together:
     agrees = abs(max(ends, default=0.0) - makespan) <= CHECK_TOLERANCE * max(makespan, 1e-12)
     return Together(finish, makespan, agrees)
 
-
-def sends_of(program: Program) -> int:
-    return sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)

@@ -58,9 +58,6 @@ class Timeline:
             self.ends[l].insert(i, start + hold)
             self.longest[l] = max(self.longest[l], hold)
 
-    def used(self) -> set[int]:
-        return {l for l, b in enumerate(self.starts) if b}
-
 
 @dataclass(frozen=True)
 class Placement:
