@@ -24,6 +24,7 @@ import itertools
 import time
 from dataclasses import dataclass, field, replace
 
+from compiler.jobs import OBJECTIVES
 from compiler.jobs.gates import apply_gates, choose_gates
 from compiler.jobs.overlay import Placed, run_together
 from compiler.jobs.spec import JobSpec
@@ -42,7 +43,6 @@ from compiler.program.verify import verify
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import ALL, target_runtimes
 
-OBJECTIVES = ("weighted", "fair")
 ALONE_SHARE = 0.45  # of the time limit for planning the jobs alone; the candidates take the rest
 MAX_ORDERS = 6  # priority orders tried (every order for up to 3 jobs)
 

@@ -17,7 +17,7 @@ MANIFEST = os.path.join("manifest", "jobs.json")
 
 
 def configure(p) -> None:
-    from compiler.jobs.plan import OBJECTIVES
+    from compiler.jobs import OBJECTIVES
     from compiler.planners.registry import METHODS
     p.add_argument("jobs", metavar="JOBS.json",
                    help='{"jobs": [{"name", "collective", "ranks": [GPUs of the composed topology], "size", '
