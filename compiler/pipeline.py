@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from compiler.analysis.bounds import busbw
 from compiler.analysis.simulate import Metrics, simulate
 from compiler.lowering.lower import LowerOptions
-from compiler.model.demand import Demand, make_demand
+from compiler.model.demand import Demand, demand_chunks, make_demand
 from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -124,14 +124,6 @@ def per_second(nbytes: float, seconds: float) -> float:
     return nbytes / seconds if seconds > 0 else float("inf")
 
 
-def demand_chunks(demand: Demand) -> tuple[int, float]:
-    """(chunks of a custom demand as its file lists them, bytes of each): the planners may have
-    cut each into demand.chunks_per_rank pieces."""
-    n = max(1, len(demand.chunks) // demand.chunks_per_rank)
-    each = demand.size_bytes / n
-    return n, int(each) if float(each).is_integer() else each
-
-
 def default_xml_name(demand: Demand, topo: Topology) -> str:
     nodes = f"-n{topo.nodes}" if topo.nodes > 1 else ""
     return f"{demand.collective.replace('_', '-')}-{topo.profile.replace(':', '')}{nodes}.xml"
@@ -169,9 +161,9 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
     collective targets, verify it (an unverified program is a bug, raised as such) and time it;
     simulate the schedule as the ideal program of the same protocol (the planned time)."""
     if not options.xml or any(t.group >= 0 for t in schedule.transfers):
-        proto = min(protocols(topology, options.lower.proto),
-                    key=lambda p: simulate(topology, schedule, p).finish_time_s)
-        result = Result(topology, schedule, simulate(topology, schedule, proto), options.runtime)
+        planned = min((simulate(topology, schedule, p) for p in protocols(topology, options.lower.proto)),
+                      key=lambda m: m.finish_time_s)  # the ideal program of the best protocol
+        result = Result(topology, schedule, planned, options.runtime)
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
     program = r.program

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from compiler.analysis.links import protocol_names
 from compiler.analysis.simulate import simulate
 from compiler.lowering.lower import LowerOptions, lower
+from compiler.model.demand import demand_chunks
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -66,8 +67,7 @@ def size_of(schedule: Schedule, program: Program) -> float:
     demand = schedule.demand
     if program.collective != CUSTOM:
         return demand.size_bytes
-    n = max(1, len(demand.chunks) // demand.chunks_per_rank)
-    return call_bytes(program, demand.size_bytes / n)
+    return call_bytes(program, demand_chunks(demand)[1])
 
 
 def aimed_runtime(schedule: Schedule, runtime: str) -> str:

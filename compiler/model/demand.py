@@ -218,3 +218,11 @@ def merge(demands: list[Demand]) -> Demand:
                    size_bytes=sum(d.size_bytes for d in demands),
                    input_chunks=max(d.input_chunks for d in demands),
                    output_chunks=max(d.output_chunks for d in demands))
+
+
+def demand_chunks(demand: Demand) -> tuple[int, float]:
+    """(chunks of a custom demand as its file lists them, bytes of each): the planners may have
+    cut each into demand.chunks_per_rank pieces."""
+    n = max(1, len(demand.chunks) // demand.chunks_per_rank)
+    each = demand.size_bytes / n
+    return n, int(each) if float(each).is_integer() else each
