@@ -5,15 +5,21 @@ take lanes 0..count-1 (`parallel_lanes`); with `instances` k every transfer beco
 transfers (chunk*k + i) on k channels; when a thread block would exceed the runtime's step limit,
 chunks are spread over `split` more channel groups (`first_split` is the least that can work,
 `chunk_splits` picks each chunk's group; a whole chunk keeps one group, so its forwards still
-fuse). chan = i + k*(lane + P*j). `place_moves` then gives each move a `sub` group: at most
-slots-1 moves of one level per connection share one (why: compiler/lowering/lower.py, "Why the
-order is safe").
+fuse). `lane_widths` says over how many of its k channels a transfer spreads its sub-chunks: as many
+as its first link needs to reach its bandwidth (the link carries `lanes` thread blocks at once at the
+per-thread-block rate, Costing.lanes) shared by the connections the rank drives on that link at that
+level, rounded up to a divisor of k; a transfer of width w puts sub-chunks i on channel
+i*w//k of its k (runs of k/w consecutive sub-chunks), so a connection that never needs more than
+one lane keeps one thread block however many instances there are. chan = i*w//k + k*(lane + P*j).
+`place_moves` then gives each move a `sub` group: at most slots-1 moves of one level per
+connection share one (why: compiler/lowering/lower.py, "Why the order is safe").
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -33,6 +39,7 @@ class Move:
     sub: int = 0  # splits a level on one connection so no more than slots-1 share one group
     lane: tuple[int, int] = (-1, -1)  # (first link of the path, channel): sends on one lane are paced
     slow: bool = False  # the path is slower than the fastest link (its receive waits many epochs)
+    arrive: int = 0  # the schedule's epoch at which the transfer's data is at its destination
 
     @property
     def send_key(self) -> tuple[int, int, int, int]:
@@ -57,6 +64,29 @@ def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) ->
     return lanes
 
 
+def lane_widths(schedule: Schedule, topology: Topology, levels: list[int], instances: int,
+                link_lanes: Callable[[int], int]) -> list[int]:
+    """Channels (a divisor of `instances`) over which each transfer spreads its sub-chunks: the
+    thread-block lanes of its first link (link_lanes: link id -> lanes of one parallel link) over
+    the connections its source drives on that link at its level, per parallel link."""
+    if instances == 1:
+        return [1] * len(schedule.transfers)
+    conns: dict[tuple[int, int, int], set[int]] = {}
+    firsts = []
+    for t, lvl in zip(schedule.transfers, levels):
+        first = topology.link_id(t.path[0], t.path[1])
+        firsts.append(first)
+        conns.setdefault((t.src, first, lvl), set()).add(t.dst)
+    divisors = [d for d in range(1, instances + 1) if instances % d == 0]
+    out = []
+    for t, lvl, first in zip(schedule.transfers, levels, firsts):
+        link = topology.links[first]
+        per_link = math.ceil(len(conns[(t.src, first, lvl)]) / max(1, link.count))
+        need = math.ceil(link_lanes(first) / per_link)
+        out.append(next((d for d in divisors if d >= need), instances))
+    return out
+
+
 def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, int]:
     """Channel group of each chunk (0..split-1): greedy, least loaded connection first."""
     if split == 1:
@@ -78,7 +108,8 @@ def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, 
 
 
 def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
-                instances: int, slots: int, topology: Topology) -> list[Move]:
+                instances: int, slots: int, topology: Topology, widths: list[int] | None = None) -> list[Move]:
+    """widths: per transfer, the channels its sub-chunks spread over (lane_widths); None: all k."""
     k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
     fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
@@ -87,12 +118,14 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
         chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
         first = topology.link_id(t.path[0], t.path[1])
         slow = topology.path_bandwidth(t.path) < fastest
+        w = k if widths is None else widths[n]
         for i in range(k):
-            key = (t.src, t.dst, chan0 + i, lvl)
+            chan = chan0 + i * w // k
+            key = (t.src, t.dst, chan, lvl)
             j = seen.get(key, 0)
             seen[key] = j + 1
-            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan0 + i, j // per_group,
-                              (first, chan0 + i), slow))
+            moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan, j // per_group,
+                              (first, chan), slow, t.arrive))
     return moves
 
 

@@ -67,6 +67,7 @@ class DraftStep:
     depid: int = -1
     deps: int = -1
     hasdep: bool = False
+    seq: int = 0  # emission order at the rank: steps are emitted in key order (compiler/lowering/merge.py)
 
     def to_step(self) -> Step:
         return Step(self.type, self.src[0], self.src[1], self.dst[0], self.dst[1], self.cnt, self.depid, self.deps,
@@ -102,15 +103,23 @@ class RankCode:
 
 
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
-               alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None) -> RankCode:
-    """With `pace` (outgoing link id -> window w), a send waits for the send w before it on the same
-    outgoing link and channel, so the GPU feeds each link in the schedule's order with at most w
-    transfers in flight per channel (as many as the link carries at full rate under the
-    per-thread-block cap; the planner timed them in that order); without it, concurrent thread
-    blocks share the link in whatever order they run."""
+               alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
+               pair_slow: bool = False) -> RankCode:
+    """With `pace` (outgoing link id -> the thread blocks it carries at full rate under the
+    per-thread-block cap), a send waits for the send w before it on the same outgoing link and
+    channel, w = those lanes shared among the channels this rank sends on over the link (at least
+    1), so the GPU feeds each link in the schedule's order (the planner timed them in that order)
+    with about as many transfers in flight as the link carries at full rate; without it,
+    concurrent thread blocks share the link in whatever order they run."""
     ops = rank_ops(rank, moves_out, moves_in, demand)
     by_chunk, weights = link_forwards(ops)
-    tbs, copy_tb = place_ops(ops, by_chunk, weights)
+    tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow)
+    if pace is not None:
+        chans: dict[int, set[int]] = {}
+        for m in moves_out:
+            chans.setdefault(m.lane[0], set()).add(m.lane[1])
+        lanes = pace
+        pace = lambda link: max(1, -(-lanes(link) // len(chans[link])))
     gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias), pace)
     for unit in fuse(ops, len(tbs)):
         gen.emit(unit)
@@ -151,14 +160,16 @@ def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, i
     return by_chunk, weights
 
 
-def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int]
-              ) -> tuple[list[DraftThreadBlock], dict[int, int]]:
+def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int],
+              pair_slow: bool = False) -> tuple[list[DraftThreadBlock], dict[int, int]]:
     """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
-    the chunk's first send (which then reads o), else the least loaded."""
+    the chunk's first send (which then reads o), else the least loaded. pair_slow: a receive over a
+    slow path may share a thread block with a send peer that would not wait for it (saves thread
+    blocks; the sends before it in key order delay it)."""
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
     slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
-    peers = pair_thread_blocks(sends, recvs, weights, slow)
+    peers = pair_thread_blocks(sends, recvs, weights, slow, _behind_slow(ops, slow) if pair_slow else None)
     if not peers and any(o.kind is COPY for o in ops):
         peers = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
@@ -181,21 +192,46 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
     return [DraftThreadBlock(s, r, ch) for s, r, ch in peers], copy_tb
 
 
+def _behind_slow(ops: list[Op], slow: frozenset[tuple[int, int]]) -> Callable[[int, int, int], bool]:
+    """(chan, send peer, slow recv peer) -> whether a thread block with both would make a send wait
+    for a slow receive: some send comes after one of the receives in key order but is scheduled
+    before that receive's data arrives."""
+    first: dict[tuple[int, int], list[Op]] = {}
+    for op in ops:
+        if op.kind is RECV and (op.move.chan, op.move.src) in slow:
+            first.setdefault((op.move.chan, op.move.src), []).append(op)
+    sends: dict[tuple[int, int], list[Op]] = {}
+    for op in ops:
+        if op.kind is SEND:
+            sends.setdefault((op.move.chan, op.move.dst), []).append(op)
+
+    def waits(chan: int, d: int, r: int) -> bool:
+        return any(x.key < s.key and s.move.level < x.move.arrive
+                   for x in first.get((chan, r), ()) for s in sends.get((chan, d), ()))
+    return waits
+
+
 def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                        weights: dict[tuple[int, int, int], int],
-                       slow: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int, int]]:
+                       slow: frozenset[tuple[int, int]] = frozenset(),
+                       waits: Callable[[int, int, int], bool] | None = None) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
     weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. Per channel:
     a receive over a slow path (in `slow`) gets a thread block of its own (sends placed behind it
-    would wait many epochs for it), then pairs by weight, then same-peer pairs, then the rest."""
+    would wait many epochs for it) unless it shares one with a send peer none of whose sends would
+    wait for it (`waits(chan, send peer, recv peer)` false; the same peer first), then pairs by
+    weight, then same-peer pairs, then the rest."""
     tbs = []
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
         free_r = {p for c, p in recvs if c == chan}
         for p in sorted(free_r):
             if (chan, p) in slow:
-                tbs.append((-1, p, chan))
+                mate = next((d for d in [p] + sorted(free_s - {p})
+                             if d in free_s and waits is not None and not waits(chan, d, p)), -1)
+                tbs.append((mate, p, chan))
                 free_r.discard(p)
+                free_s.discard(mate)
         ranked = sorted((-w, a, d) for (c, a, d), w in weights.items() if c == chan and w > 0)
         for _, a, d in ranked:
             if a in free_r and d in free_s:
@@ -360,6 +396,7 @@ class _Emitter:
         self.readers: dict[Slot, list[tuple[int, int]]] = {}
         self.clobbered: set[Slot] = set()
         self.inplace_ok = True
+        self.seq = 0
 
     def emit(self, tb: int, kind: str, src: Slot, dst: Slot, reads: tuple[Slot, ...],
              writes: tuple[Slot, ...], clobbers: bool = True, after: tuple[int, int] | None = None) -> int:
@@ -385,13 +422,15 @@ class _Emitter:
         deps = sorted((d, k) for d, k in need.items() if known[d] < k)
         steps = self.tbs[tb].steps
         for d, k in deps[:-1]:
-            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k))
+            self.seq += 1
+            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k, seq=self.seq))
         depid, depstep = deps[-1] if deps else (-1, -1)
         for d, k in deps:
             self.tbs[d].steps[k].hasdep = True
             known[:] = [max(a, b) for a, b in zip(known, self.snap[(d, k)])]
         idx = len(steps)
-        steps.append(DraftStep(kind, src, dst, 1, depid, depstep))
+        self.seq += 1
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, seq=self.seq))
         known[tb] = idx
         self.snap[(tb, idx)] = list(known)
         for s, orig in zip(reads_n, reads):

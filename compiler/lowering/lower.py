@@ -45,8 +45,9 @@ from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime,
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
-from compiler.lowering.channels import Move, chunk_splits, first_split, parallel_lanes, place_moves
+from compiler.lowering.channels import Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves
 from compiler.lowering.codegen import LoweringError, RankCode, Slot, lower_rank
+from compiler.lowering.merge import merge_runs
 
 __all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 
@@ -92,6 +93,7 @@ class LowerOptions:
     name: str | None = None  # default f"{collective}-{topology}-{planner}"
     inplace: bool | None = None  # None: claim in-place use wherever the program is correct in place
     pace: bool = True  # each GPU feeds an outgoing link in schedule order (the order the planner timed)
+    fit_lanes: bool = True  # a transfer spreads over only as many of its instances' channels as its link needs
 
 
 def check_options(o: LowerOptions) -> None:
@@ -256,27 +258,34 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
         for code in codes)
 
 
+def link_lanes(topology: Topology, proto: str) -> list[int]:
+    """Thread blocks one (parallel) link carries at once at their full rate, per link id."""
+    costing = Costing.of(topology, proto)
+    return [costing.lanes(l.bandwidth, l.kind or "nvlink") for l in topology.links]
+
+
 def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], int] | None:
-    """Sends in flight per outgoing link and channel when pacing: the thread blocks the link
-    carries at full rate under the protocol's per-thread-block cap, shared by the instances."""
+    """When pacing: the thread blocks each outgoing link (all its parallel links) carries at full
+    rate under the protocol's per-thread-block cap; a rank shares them among the channels it sends
+    on over that link (codegen.lower_rank)."""
     if not options.pace:
         return None
-    costing = Costing.of(topology, options.proto)
-    windows = [max(1, math.ceil(costing.lanes(l.bandwidth, l.kind or "nvlink") / options.instances))
-               for l in topology.links]
+    windows = [n * l.count for n, l in zip(link_lanes(topology, options.proto), topology.links)]
     return windows.__getitem__
 
 
-def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None) -> list[RankCode]:
+def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
+                 instances: int = 1, pair_slow: bool = False) -> list[RankCode]:
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     for m in moves:
         outs[m.src].append(m)
         ins[m.dst].append(m)
     identity: Callable[[Slot], Slot] = lambda s: s
-    codes = [lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity, pace)
-             for r in range(demand.ngpus)]
+    codes = [lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity, pace,
+                        pair_slow) for r in range(demand.ngpus)]
     fill_remote_fields(codes, moves)
+    merge_runs(codes, moves, instances, MAX_CNT)
     return codes
 
 
@@ -302,13 +311,20 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                             f"lanes need {per_group} channels; MSCCL allows {MAX_CHANNELS}; use fewer --instances")
     split = min(most, first_split(schedule, lanes, lim.max_steps))
     pace = pace_window(topology, options)
+    widths = None  # without runtime costs a thread block has no rate cap: every instance is its own channel
+    if options.fit_lanes and topology.costs is not None:
+        widths = lane_widths(schedule, topology, levels, options.instances, link_lanes(topology, options.proto).__getitem__)
+    pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     while True:
         moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
-                            SLOTS[options.proto], topology)
-        codes = _lower_ranks(moves, demand, can_alias, pace)
+                            SLOTS[options.proto], topology, widths)
+        codes = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow)
         if can_alias and options.inplace is None and not all(c.inplace_ok for c in codes):
             can_alias = False  # not usable in place anyway: drop the dependencies aliasing adds
-            codes = _lower_ranks(moves, demand, False, pace)
+            codes = _lower_ranks(moves, demand, False, pace, options.instances, pair_slow)
+        if not pair_slow and max(len(c.tbs) for c in codes) > lim.max_tbs:
+            pair_slow = True
+            continue
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
             break
