@@ -4,10 +4,13 @@ fastest (the planned time is the ideal program's; this is what lowering achieves
 
     realise(schedule, topology, options, runtime) -> Realisation
 
-Protocols: the one asked for, or (`auto`) every protocol the profile enables. Instances: the
-number asked for, or (`auto`) 1, 2, 4, ... while a doubling still pays (each instance is one more
-thread block per connection: the lanes a link needs to reach its bandwidth under the per-thread-
-block cap) and the runtimes' limits allow it; a limit that stops the doubling is noted, never an
+Protocols: the one asked for, or (`auto`) every protocol the profile enables (one that is BEHIND
+times slower than the best at some number of instances is not lowered with more). Instances: the
+number asked for, or (`auto`) 1, 2, 4, ... (and each link's lanes + 1, `saturating_counts`, in
+order) while a step still pays, or the one after it does
+(more instances give a transfer more thread blocks where its link needs lanes to reach its bandwidth
+under the per-thread-block cap, compiler/lowering/channels.lane_widths; a doubling that splits
+chunks without filling a link can lose what the next one gains), and the runtimes' limits allow it; a limit that stops the doubling is noted, never an
 error unless no program at all fits. One lowering serves every protocol with the same connection
 slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from compiler.analysis.links import protocol_names
+from compiler.analysis.links import Costing, protocol_names
 from compiler.analysis.simulate import simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import demand_chunks
@@ -31,6 +34,8 @@ from compiler.specs.runtimes import target_runtimes
 
 MAX_INSTANCES = 32
 PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
+PATIENCE = 2  # doublings in a row that do not pay before the search stops
+BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 20.0  # wall time after which no further doubling is tried
 
 
@@ -89,8 +94,11 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     tried: list[tuple[str, int, float]] = []
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = None
+    misses = 0
+    saturating = saturating_counts(topology, protos)
     while counts:
         k = counts.pop()
+        began = time.perf_counter()
         try:
             timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at)
         except CompileError as e:
@@ -100,14 +108,27 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             break
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
-        improved = best is None or timing.finish_time_s < PAYS * best[0]
+        protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
+        misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + 1
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
-        took = time.perf_counter() - t0  # a doubling lowers at least as much again
-        if not fixed and improved and 2 * k <= MAX_INSTANCES and time.perf_counter() + took < stop_at:
-            counts.append(2 * k)
+        following = min([2 * k] + [c for c in saturating if c > k])
+        took = (time.perf_counter() - began) * following / k  # lowering grows with the instances
+        if not fixed and misses < PATIENCE and following <= MAX_INSTANCES and time.perf_counter() + took < stop_at:
+            counts.append(following)
     _, p, k, program, timing = best
     return Realisation(program, timing, k, tuple(tried), stopped)
+
+
+def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
+    """Instances that give a transfer alone on a GPU's link one thread block more than the link's
+    lanes (compiler/lowering/channels.lane_widths): a thread block pays the step latency after each
+    step, so a link is full only while more thread blocks than lanes take turns on it."""
+    out = set()
+    for p in protos:
+        costing = Costing.of(topology, p)
+        out |= {costing.lanes(l.bandwidth, l.kind or "nvlink") + 1 for l in topology.links if topology.is_gpu(l.src)}
+    return out
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],

@@ -40,6 +40,8 @@ class Move:
     lane: tuple[int, int] = (-1, -1)  # (first link of the path, channel): sends on one lane are paced
     slow: bool = False  # the path is slower than the fastest link (its receive waits many epochs)
     arrive: int = 0  # the schedule's epoch at which the transfer's data is at its destination
+    head: bool = True  # the first of its transfer's sub-chunks on its channel (pacing counts runs)
+    width: int = 1  # the channels its transfer's sub-chunks spread over (runs)
 
     @property
     def send_key(self) -> tuple[int, int, int, int]:
@@ -125,7 +127,7 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
             j = seen.get(key, 0)
             seen[key] = j + 1
             moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan, j // per_group,
-                              (first, chan), slow, t.arrive))
+                              (first, chan), slow, t.arrive, i == 0 or chan != chan0 + (i - 1) * w // k, w))
     return moves
 
 

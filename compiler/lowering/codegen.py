@@ -105,21 +105,23 @@ class RankCode:
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False) -> RankCode:
-    """With `pace` (outgoing link id -> the thread blocks it carries at full rate under the
-    per-thread-block cap), a send waits for the send w before it on the same outgoing link and
-    channel, w = those lanes shared among the channels this rank sends on over the link (at least
-    1), so the GPU feeds each link in the schedule's order (the planner timed them in that order)
-    with about as many transfers in flight as the link carries at full rate; without it,
-    concurrent thread blocks share the link in whatever order they run."""
+    """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
+    per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
+    Move.head) waits for the run w runs before it on the same outgoing link (w at least the
+    widest transfer the rank sends over it: a transfer's runs never wait for each other), so the
+    GPU feeds each link in the schedule's order (the planner timed them in that order) with as
+    many runs in flight as the link carries at full rate; the later sends of a run follow it in
+    its thread block. Without it, concurrent thread blocks share the link in whatever order they
+    run."""
+    if pace is not None:
+        widest: dict[int, int] = {}
+        for m in moves_out:
+            widest[m.lane[0]] = max(widest.get(m.lane[0], 1), m.width)
+        lanes = pace
+        pace = lambda link: max(lanes(link), widest[link])
     ops = rank_ops(rank, moves_out, moves_in, demand)
     by_chunk, weights = link_forwards(ops)
     tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow)
-    if pace is not None:
-        chans: dict[int, set[int]] = {}
-        for m in moves_out:
-            chans.setdefault(m.lane[0], set()).add(m.lane[1])
-        lanes = pace
-        pace = lambda link: max(1, -(-lanes(link) // len(chans[link])))
     gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias), pace)
     for unit in fuse(ops, len(tbs)):
         gen.emit(unit)
@@ -289,7 +291,7 @@ class _RankGen:
         self.scratch: dict[int, int] = {}
         self.send_at: dict[int, tuple[int, int]] = {}
         self.recv_at: dict[int, tuple[int, int]] = {}
-        self.sends: dict[tuple[int, int], list[tuple[int, int]]] = {}  # lane -> its send steps so far
+        self.sends: dict[int, list[tuple[int, int]]] = {}  # outgoing link -> its runs' first send steps so far
 
     def landing(self, c: int) -> Slot:
         if c in self.dst_idx:
@@ -322,13 +324,16 @@ class _RankGen:
     def paced(self, send: Op) -> tuple[int, int] | None:
         if self.pace is None:
             return None
-        before = self.sends.get(send.move.lane, ())
+        if not send.move.head:
+            return None
+        before = self.sends.get(send.move.lane[0], ())
         w = self.pace(send.move.lane[0])
         return before[-w] if len(before) >= w else None
 
     def sent(self, send: Op, at: tuple[int, int]) -> None:
         self.send_at[send.move.pos] = at
-        self.sends.setdefault(send.move.lane, []).append(at)
+        if send.move.head:
+            self.sends.setdefault(send.move.lane[0], []).append(at)
 
     def emit(self, unit: Unit) -> None:
         op = unit.op
