@@ -6,13 +6,15 @@ fastest (the planned time is the ideal program's; this is what lowering achieves
 
 Protocols: the one asked for, or (`auto`) every protocol the profile enables (one that is BEHIND
 times slower than the best at some number of instances is not lowered with more). Instances: the
-number asked for, or (`auto`) 1, 2, 4, ... (and each link's lanes + 1, `saturating_counts`, in
-order) while a step still pays, or the one after it does
-(more instances give a transfer more thread blocks where its link needs lanes to reach its bandwidth
-under the per-thread-block cap, compiler/lowering/channels.lane_widths; a doubling that splits
-chunks without filling a link can lose what the next one gains), and the runtimes' limits allow it; a limit that stops the doubling is noted, never an
-error unless no program at all fits. One lowering serves every protocol with the same connection
-slots (LL and LL128); the chosen program is verified by the caller.
+number asked for, or (`auto`) 1, 2, 4, ... and each GPU link's lanes + 1 (`saturating_counts`), in
+order, while a step still pays or the one after it does (more instances give a transfer more
+thread blocks where its link needs lanes to reach its bandwidth under the per-thread-block cap,
+compiler/lowering/channels.lane_widths; a step that splits chunks without filling a link can lose
+what the next one gains), and while the runtimes' limits allow it; each number of instances
+with lane-aware placement and, where it fits and time allows, with every instance on its own
+channel (LowerOptions.fit_lanes); a limit that stops the search
+is noted, never an error unless no program at all fits. One lowering serves every protocol with
+the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
                 raise
             stopped = f"{k} would not fit ({e})"
             break
+        if k > 1 and time.perf_counter() + (time.perf_counter() - began) < stop_at:
+            _keep_faster(timed, schedule, topology, replace(base, instances=k, fit_lanes=False), stop_at)
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
@@ -129,6 +133,20 @@ def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
         costing = Costing.of(topology, p)
         out |= {costing.lanes(l.bandwidth, l.kind or "nvlink") + 1 for l in topology.links if topology.is_gpu(l.src)}
     return out
+
+
+def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
+                 options: LowerOptions, stop_at: float) -> None:
+    """Replace a protocol's program in `timed` by one lowered with `options` where that is faster
+    (every instance on its own channel can beat lane-aware placement where step latency, not a
+    link's lanes, limits a transfer, if its thread blocks fit)."""
+    try:
+        other = _time_all(schedule, topology, options, tuple(timed), stop_at)
+    except CompileError:
+        return
+    for p, (prog, t) in other.items():
+        if t.finish_time_s < timed[p][1].finish_time_s:
+            timed[p] = (prog, t)
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],

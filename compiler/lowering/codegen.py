@@ -107,8 +107,9 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                pair_slow: bool = False) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
-    Move.head) waits for the run w runs before it on the same outgoing link (w at least the
-    widest transfer the rank sends over it: a transfer's runs never wait for each other), so the
+    Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
+    multiple of the widest transfer the rank sends over it: whole transfers in flight, and a
+    transfer's runs never wait for each other), so the
     GPU feeds each link in the schedule's order (the planner timed them in that order) with as
     many runs in flight as the link carries at full rate; the later sends of a run follow it in
     its thread block. Without it, concurrent thread blocks share the link in whatever order they
@@ -118,7 +119,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         for m in moves_out:
             widest[m.lane[0]] = max(widest.get(m.lane[0], 1), m.width)
         lanes = pace
-        pace = lambda link: max(lanes(link), widest[link])
+        pace = lambda link: -(-lanes(link) // widest[link]) * widest[link]
     ops = rank_ops(rank, moves_out, moves_in, demand)
     by_chunk, weights = link_forwards(ops)
     tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow)

@@ -6,11 +6,17 @@ Pipeline (one function each):
 2. `transfer_levels`: a level per transfer, its start epoch raised so that, at each rank and chunk,
    a send comes after the receive that wrote the value (RAW), and a receive after every earlier
    send (WAR) and receive (WAW) of that chunk there, all in schedule order.
-3. `parallel_lanes`, `first_split`, `chunk_splits`, `place_moves` (compiler/lowering/channels.py):
-   each transfer becomes `instances` moves, each with a channel (lane, instance, channel group)
-   and a `sub` group of its level; `lower` widens the channel groups until thread blocks fit.
-4. `lower_rank` (compiler/lowering/codegen.py): thread blocks, fused steps, offsets, dependencies.
-5. `fill_remote_fields`: the msccl-xml.md §3 convention for the fields a step does not use.
+3. `parallel_lanes`, `lane_widths`, `first_split`, `chunk_splits`, `place_moves`
+   (compiler/lowering/channels.py): each transfer becomes `instances` moves, spread over as many
+   channels as its first link needs lanes (the rest run on one channel), each move with a channel
+   (lane, instance run, channel group) and a `sub` group of its level; `lower` widens the channel
+   groups until thread blocks fit the step limit, and pairs slow receives with sends where the
+   thread blocks would not fit otherwise.
+4. `lower_rank` (compiler/lowering/codegen.py): thread blocks, fused steps, offsets, dependencies,
+   pacing (each outgoing link fed in schedule order).
+5. `fill_remote_fields`: the msccl-xml.md §3 convention for the fields a step does not use;
+   `merge_runs` (compiler/lowering/merge.py): a run of one transfer's sub-chunks on one channel
+   becomes one step with cnt > 1.
 6. `check_limits`, then the Program.
 
 Buffers: a source reads its chunk from i[src_index]; a destination keeps it in o[dst_index]; any
@@ -24,7 +30,9 @@ Why the order is safe. Every step has a key: a send (level, sub, 0, pos), its re
 between its two halves. Each thread block runs in key order, and every wait (program order, an
 incoming message, a dependency, a full connection) is on an op with a smaller key: a full
 connection holds `slots` messages, at most slots-2 of them from the blocked send's own group, so
-the oldest came from a smaller group and its receive has a smaller key. The op with the smallest
+the oldest came from a smaller group and its receive has a smaller key. Pacing adds waits on earlier sends of
+the rank (smaller keys); a merged run waits only on what its members waited on, all of smaller
+key than its first member (compiler/lowering/merge.py). The op with the smallest
 key not yet done can therefore always run: no deadlock under bounded slots (msccl-xml.md §7.5).
 The same argument with send-and-receive-at-one-key is why msccl-tools' one global order works.
 """

@@ -1,0 +1,84 @@
+"""Lane-aware lowering: instances cost thread blocks only where a link needs lanes (judged by the
+program timer under the runtime cost model, never by wall clock)."""
+
+from __future__ import annotations
+
+from backends.msccl_xml import to_xml
+from compiler.analysis.simulate import simulate
+from compiler.lowering.codegen import pair_thread_blocks
+from compiler.lowering.lower import LowerOptions, lower, runtime_limits
+from compiler.model.demand import Chunk, Demand
+from compiler.model.schedule import Schedule, Transfer
+from compiler.program.timing import time_program
+from compiler.program.verify import verify
+from compiler.realise import realise, saturating_counts
+
+MB = 1 << 20
+
+
+def _custom(topo, hops, dests):
+    """Rank 0 holds chunks 0..n-1 (16 MB each); chunk c goes to dests[c]; hops: (chunk, level)."""
+    n = len(dests)
+    chunks = tuple(Chunk(c, (0,), (dests[c],), (c,), (c,)) for c in range(n))
+    d = Demand("custom", topo.ngpus, chunks, 16 * MB, n * 16 * MB, n, False, None, n, n)
+    ts = tuple(Transfer(c, 0, dests[c], topo.best_path(0, dests[c]), lvl, lvl + 1) for c, lvl in hops)
+    return d, Schedule(d, topo.name, ts, 1e-6, max(t.arrive for t in ts), "hand")
+
+
+def _checked(s, topo, options):
+    p = lower(s, topo, options)
+    assert to_xml(p) == to_xml(lower(s, topo, options))  # byte-identical across runs
+    verdict = verify(p, "old", s.demand.split(options.instances), topo.sms)  # only legacy takes coll="custom"
+    assert verdict.ok, verdict.summary()
+    assert max(len(g.tbs) for g in p.gpus) <= runtime_limits("executor", topo.sms).max_tbs
+    return p, time_program(p, topo, s.demand.size_bytes).finish_time_s
+
+
+def _mixed(topo):
+    """Four chunks to rank 1 one after another (one connection on rank 0's NVSwitch port at each
+    level: it needs all the port's lanes), then one chunk each to ranks 2..5 at one level (four
+    connections share the port: one lane each)."""
+    return _custom(topo, [(c, c) for c in range(4)] + [(c, 4) for c in range(4, 8)], [1, 1, 1, 1, 2, 3, 4, 5])
+
+
+def test_instances_buy_lanes_only_where_the_link_needs_them(topo):
+    t = topo("dgx2")
+    d, s = _mixed(t)
+    new, new_s = _checked(s, t, LowerOptions(instances=4))
+    old, old_s = _checked(s, t, LowerOptions(instances=4, fit_lanes=False))
+    g = new.gpus[0]
+    assert sorted(tb.chan for tb in g.tbs if tb.send == 1) == [0, 1, 2, 3]
+    for peer in (2, 3, 4, 5):  # one thread block, one step of all four sub-chunks, on both ends
+        (tb,) = [tb for tb in g.tbs if tb.send == peer]
+        assert [(st.type, st.cnt) for st in tb.steps] == [("s", 4)]
+        (rtb,) = [tb for tb in new.gpus[peer].tbs if tb.recv == 0]
+        assert [(st.type, st.cnt) for st in rtb.steps] == [("r", 4)]
+    assert len(g.tbs) == 8 and len(old.gpus[0].tbs) == 20
+    assert new_s < old_s
+    # the old placement within the same thread blocks (8 on rank 0) has one instance: far slower
+    one, one_s = _checked(s, t, LowerOptions(instances=1, fit_lanes=False))
+    assert len(one.gpus[0].tbs) <= len(g.tbs) and new_s < 0.6 * one_s
+
+
+def test_one_more_thread_block_than_lanes_realises_a_sequence_at_the_planned_time(topo):
+    """A thread block pays the step latency after each step: a port is full only while more
+    thread blocks than its lanes take turns on it, so lanes + 1 instances meet the plan."""
+    t = topo("dgx2")
+    d, s = _custom(t, [(c, c) for c in range(8)], [1] * 8)
+    assert saturating_counts(t, ("Simple",)) == {5}  # 125 GB/s port, 26.5 GB/s per thread block: 4 lanes
+    planned = simulate(t, s, "Simple").finish_time_s
+    times = {k: _checked(s, t, LowerOptions(instances=k))[1] for k in (1, 4, 5)}
+    assert times[5] < times[4] < times[1]
+    assert times[5] <= 1.01 * planned < times[4]
+    r = realise(s, t, LowerOptions(proto="Simple", instances=0), "old")  # --instances auto gets there
+    assert 5 in {k for _, k, _ in r.tried} and r.timing.finish_time_s <= times[5]
+
+
+def test_slow_receives_share_a_thread_block_only_with_sends_that_would_not_wait():
+    sends, recvs, slow = {(0, 8), (0, 9)}, {(0, 8)}, frozenset({(0, 8)})
+    alone = pair_thread_blocks(sends, recvs, {}, slow)
+    assert (-1, 8, 0) in alone and len(alone) == 3
+    paired = pair_thread_blocks(sends, recvs, {}, slow, lambda chan, d, r: False)
+    assert (8, 8, 0) in paired and len(paired) == 2
+    other = pair_thread_blocks(sends, recvs, {}, slow, lambda chan, d, r: d == 8)
+    assert (9, 8, 0) in other and len(other) == 2
