@@ -19,7 +19,10 @@ anywhere (msccl-xml.md §1; RCCL's shipped files start with one) and ignores the
 `<algo>` rather than before it, so the file still starts with `<algo ...>`, which the
 executor/RCCL meta-data pass and simple header readers (torch_dist.read_header) look for. The JSON
 holds only numbers, ranks and the word custom, so it can never contain "--" or end the comment early.
-Every other program is written without any comment, byte for byte as before.
+A program whose target runtimes are fewer than those with its `coll` (a DGX file is for the legacy
+runtime and the executor, not RCCL) names them in a second comment line,
+`<!-- msccl-compile runtimes old executor -->`, so that `verify` judges it for those; every other
+program is written without any comment.
 
 Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
