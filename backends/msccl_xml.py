@@ -19,7 +19,10 @@ anywhere (msccl-xml.md §1; RCCL's shipped files start with one) and ignores the
 `<algo>` rather than before it, so the file still starts with `<algo ...>`, which the
 executor/RCCL meta-data pass and simple header readers (torch_dist.read_header) look for. The JSON
 holds only numbers, ranks and the word custom, so it can never contain "--" or end the comment early.
-Every other program is written without any comment, byte for byte as before.
+A program whose target runtimes are fewer than those with its `coll` (a DGX file is for the legacy
+runtime and the executor, not RCCL) names them in a second comment line,
+`<!-- msccl-compile runtimes old executor -->`, so that `verify` judges it for those; every other
+program is written without any comment.
 
 Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
@@ -48,12 +51,13 @@ from compiler.fileio import atomic_write, read_input
 from compiler.model.program import BUFFERS, PROTOCOLS, STEP_TYPES, GpuProgram, Program, Step, ThreadBlock
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, MAX_CNT, coll_attribute, coll_attributes, collective_of,
-                                    target_runtimes)
+                                    NAMES, narrower, target_runtimes)
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
 
 XML_RUNTIMES = CHOICES
 DEMAND_TAG = "msccl-compile demand"  # starts the comment that carries a custom program's demand
+RUNTIMES_TAG = "msccl-compile runtimes"  # starts the comment naming the runtimes a file is for
 UNLIMITED_MAX_BYTES = 2 ** 40
 MAX_CHANNEL_ID = MAX_CHANNELS  # the parsers reject chan < 0 or > 32
 _NAME = re.compile(r"[^\s\"'<>&]{1,255}")
@@ -113,12 +117,21 @@ def demand_comment(p: Program) -> str:
     return f"{DEMAND_TAG} {text}"
 
 
+def runtimes_comment(p: Program) -> str:
+    """The text of the comment that names the runtimes a program keeps the limits of, where they
+    are fewer than those that have its collective (a DGX file targets the legacy runtime and the
+    executor, not RCCL): '' otherwise, so such files are written as before."""
+    if not narrower(p.collective, p.runtimes):
+        return ""
+    return f"{RUNTIMES_TAG} {' '.join(p.runtimes)}"
+
+
 def to_xml(program: Program, runtime: str = ALL) -> str:
     """The portable-subset XML text of a Program (ends with a newline)."""
     coll = coll_name(program.collective, runtime)
     _check_writable(program)
     return _template().render(p=program, coll=coll, max_bytes=program.max_bytes or UNLIMITED_MAX_BYTES,
-                              demand_comment=demand_comment(program))
+                              demand_comment=demand_comment(program), runtimes_comment=runtimes_comment(program))
 
 
 def save_xml(program: Program, path: str | os.PathLike, runtime: str = ALL) -> None:
@@ -267,10 +280,27 @@ class _Reader:
             if r not in gpus:
                 raise self.fail(w, "ngpus", f"'{ngpus}' but there is no <gpu id=\"{r}\">")
         demand = self.demand(root, collective_of(coll), ngpus)
+        runtimes = self.runtimes(root)
         return Program(name=name, collective=collective_of(coll), ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
-                       demand=demand, notes=tuple(self.notes))
+                       demand=demand, runtimes=runtimes, notes=tuple(self.notes))
+
+    def runtimes(self, root) -> tuple[str, ...]:
+        """The runtimes comment (see `runtimes_comment`) before <algo> or directly inside it, if any."""
+        comments = [c for c in list(root.itersiblings(preceding=True)) + list(root)
+                    if c.tag is etree.Comment and (c.text or "").strip().startswith(RUNTIMES_TAG)]
+        if not comments:
+            return ()
+        where, attr = "algo", f"<!-- {RUNTIMES_TAG} -->"
+        if len(comments) > 1:
+            raise self.fail(where, attr, f"appears {len(comments)} times; a file names its runtimes once")
+        names = tuple(comments[0].text.strip()[len(RUNTIMES_TAG):].split())
+        unknown = [n for n in names if n not in NAMES]
+        if not names or unknown:
+            raise self.fail(where, attr, f"{' '.join(unknown or names)!r} is not a list of runtimes "
+                                         f"(known: {', '.join(NAMES)})")
+        return names
 
     def demand(self, root, collective: str, ngpus: int) -> Demand | None:
         """The demand comment (see `demand_comment`) before <algo> or directly inside it, if any."""

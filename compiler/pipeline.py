@@ -15,15 +15,16 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from compiler.analysis.bounds import busbw
-from compiler.analysis.simulate import Metrics, simulate
+from compiler.analysis.bounds import busbw, lower_bound
+from compiler.analysis.crossovers import crossover_bands
+from compiler.analysis.simulate import Metrics, program_floor, simulate
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand, demand_chunks, make_demand
 from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
-from compiler.program.timing import ProgramTiming
+from compiler.program.timing import ProgramTiming, time_program
 from compiler.realise import Realisation, protocols, realise
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
@@ -167,7 +168,7 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
     program = r.program
-    runtimes = target_runtimes(schedule.demand.collective, options.runtime)
+    runtimes = target_runtimes(schedule.demand.collective, options.runtime, topology.vendor)
     verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)
     if not verdict.ok:
         raise CompileError(f"internal: the lowered program failed verification for {'/'.join(runtimes)} "
@@ -183,7 +184,7 @@ def xml_files(program: Program, path: str, runtime: str, runtimes: tuple[str, ..
     runtime that spells the collective apart where "all" was asked for (the old runtime's
     reduce_scatter)."""
     files = [XmlFile(path, program, runtimes[0] if len(runtimes) == 1 else ALL)]
-    twin = twin_runtime(program.collective, runtime)
+    twin = twin_runtime(program.collective, runtime, runtimes)
     if twin is not None:
         legacy = path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
         files.append(XmlFile(legacy, program, twin))
@@ -227,37 +228,79 @@ def band_demand(topo: Topology, collective: str, a: int, b: int) -> Demand:
 
 
 def library(topo: Topology, options: LibraryOptions, done=None) -> Library:
-    """One verified program per collective and size band; `done(name, result)` is told of each."""
+    """One verified program per collective and size band. Each coarse band (`size_bands`) is
+    planned and realised at its middle (`done(label, result)` is told of each); then every size is
+    given to the fastest of those programs by the program timer, so the bands written are the
+    model's crossovers (compiler/analysis/crossovers.py) and a program that wins nowhere is not
+    written."""
     bands = size_bands(*options.sizes, options.band_factor)
     results, entries = [], []
     for coll in options.collectives:
-        for i, (a, b) in enumerate(bands):
+        planned = []
+        for a, b in bands:
             demand = band_demand(topo, coll, a, b)
-            name = f"{coll.replace('_', '-')}-{i:02d}-{format_size(a)}-{format_size(b)}.xml"
             lower_options = LowerOptions(proto=options.proto, instances=0, min_bytes=a, max_bytes=b,
-                                         runtime=options.runtime,
-                                         name=f"{coll}-{topo.name}-{format_size(a)}-{format_size(b)}")
+                                         runtime=options.runtime)
             plan_options = PlanOptions(method=options.method, time_limit=options.time_limit, refine=True,
                                        progress=options.progress)
             result = compile(topo, demand, CompileOptions(plan_options, lower_options, options.runtime,
-                                                          output=name))
-            results.append((name, result))
-            entries.append(manifest_entry(name, coll, a, b, demand.size_bytes, result))
+                                                          output=f"{coll}-{format_size(a)}-{format_size(b)}"))
+            planned.append(result)
             if done is not None:
-                done(name, result)
+                done(f"{coll} {format_size(a)}..{format_size(b)}", result)
+        for name, result, entry in _banded(topo, coll, planned, options):
+            results.append((name, result))
+            entries.append(entry)
     manifest = {"format": "msccl-compile/library-v1", "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
-                "runtime": options.runtime, "sizes": list(options.sizes), "algorithms": entries}
+                "runtime": options.runtime, "sizes": list(options.sizes), "bands": "program timer crossovers",
+                "algorithms": entries}
     return Library(tuple(results), manifest)
 
 
-def manifest_entry(name: str, coll: str, a: int, b: int, size: int, result: Result) -> dict:
-    """A band's figures are its program's (protocol and instances chosen by the cost model), the
-    plan's beside them."""
-    s, m, p = result.schedule, result.planned, result.program
-    return {"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "planned_at_bytes": size,
-            "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": p.proto,
-            "instances": result.realisation.instances, "time_s": result.time_s,
-            "algbw_GBps": per_second(size, result.time_s) / 1e9, "bound_ratio": result.bound_ratio,
-            "planned_time_s": m.finish_time_s, "planned_bound_ratio": m.bound_ratio,
-            "why": list(result.notes[:2]) + list(result.realisation.notes()[:1]),
-            "inplace": p.inplace, "outofplace": p.outofplace}
+def _banded(topo: Topology, coll: str, planned: list[Result], options: LibraryOptions):
+    """(file name, result, manifest entry) per band of the crossovers among `planned`."""
+    programs = [r.program for r in planned]
+    grain = math.lcm(*(p.nchunksperloop for p in programs)) * 4  # whole float32 elements in every chunk
+    lo, hi = options.sizes
+    own = [(r.program.min_bytes, r.program.max_bytes) for r in planned]
+    same = [replace(p, min_bytes=0, max_bytes=0) for p in programs]
+    first = [same.index(p) for p in same]  # two bands that planned one program share its first copy
+
+    def near(size: int) -> list[int]:  # the program planned for this size's band and its neighbours
+        k = next(i for i, (a, b) in enumerate(own) if a <= size <= b or i == len(own) - 1)
+        return sorted({first[i] for i in (k - 1, k, k + 1) if 0 <= i < len(own)})
+
+    for n, band in enumerate(crossover_bands(programs, topo, lo, hi, near, grain)):
+        result = planned[band.program]
+        a, b = band.lo, band.hi
+        name = f"{coll.replace('_', '-')}-{n:02d}-{format_size(a)}-{format_size(b)}.xml"
+        program = replace(result.program, min_bytes=a, max_bytes=b,
+                          name=f"{coll}-{topo.name}-{format_size(a)}-{format_size(b)}")
+        banded = replace(result, program=program, files=xml_files(program, name, options.runtime, result.runtimes))
+        yield name, banded, manifest_entry(name, coll, banded, planned, band)
+
+
+def manifest_entry(name: str, coll: str, result: Result, planned: list[Result], band) -> dict:
+    """A band's figures are its program's at the band's middle (protocol and instances chosen by the
+    cost model), the runner-up's there beside them, and the plan's at the size it was planned for."""
+    s, m, p, topo = result.schedule, result.planned, result.program, result.topology
+    a, b = band.lo, band.hi
+    mid = int(math.sqrt(a * b))
+    t = time_program(p, topo, mid).finish_time_s
+    bound = program_floor(topo, lower_bound(topo, coll, mid))
+    entry = {"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "at_bytes": mid,
+             "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": p.proto,
+             "instances": result.realisation.instances, "time_s": t, "algbw_GBps": per_second(mid, t) / 1e9,
+             "bound_ratio": bound / t if t > 0 else 1.0,
+             "planned_at_bytes": s.demand.size_bytes, "planned_time_s": m.finish_time_s,
+             "planned_bound_ratio": m.bound_ratio, "runner_up": None,
+             "why": list(result.notes[:2]) + list(result.realisation.notes()[:1]),
+             "inplace": p.inplace, "outofplace": p.outofplace}
+    if band.runner_up is not None:
+        other = planned[band.runner_up]
+        t2 = time_program(other.program, topo, mid).finish_time_s
+        entry["runner_up"] = {"method": other.schedule.planner, "chunks": other.schedule.demand.chunks_per_rank,
+                              "proto": other.program.proto, "instances": other.realisation.instances,
+                              "planned_at_bytes": other.schedule.demand.size_bytes, "time_s": t2,
+                              "slower": t2 / t if t > 0 else 1.0}
+    return entry

@@ -77,9 +77,9 @@ def size_of(schedule: Schedule, program: Program) -> float:
     return call_bytes(program, demand_chunks(demand)[1])
 
 
-def aimed_runtime(schedule: Schedule, runtime: str) -> str:
+def aimed_runtime(schedule: Schedule, runtime: str, vendor: str | None = None) -> str:
     """Whose limits lowering respects: the one runtime the collective targets, else `runtime`."""
-    runtimes = target_runtimes(schedule.demand.collective, runtime)
+    runtimes = target_runtimes(schedule.demand.collective, runtime, vendor)
     return runtimes[0] if len(runtimes) == 1 else runtime
 
 
@@ -90,7 +90,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     protos = protocols(topology, options.proto)
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
         protos = tuple(sorted(protos, key=lambda p: simulate(topology, schedule, p).finish_time_s))
-    base = replace(options, runtime=aimed_runtime(schedule, runtime))
+    base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
     counts = [options.instances] if fixed else [1]
     tried: list[tuple[str, int, float]] = []

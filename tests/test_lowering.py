@@ -317,12 +317,13 @@ def test_too_many_thread_blocks_is_one_clear_line(topo):
     _, s = _plan(t, "direct", "allgather")
     # every instance on its own channel (fit_lanes off): one send peer per tb, 31 peers on 3 channels
     with pytest.raises(LoweringError) as e:
-        lower(s, t, LowerOptions(instances=3, fit_lanes=False))
+        lower(s, t, LowerOptions(instances=3, runtime="rccl", fit_lanes=False))
     msg = _one_line(e.value)
     need = int(re.search(r"rank 0 needs (\d+) thread blocks", msg).group(1))
     assert need >= 31 * 3 and "rccl allows 63" in msg
-    with pytest.raises(LoweringError, match="80 SMs"):
-        lower(s, t, LowerOptions(instances=3, runtime="executor", fit_lanes=False))
+    for runtime in ("executor", "all"):  # on a DGX, all = the NVIDIA runtimes: the 80 SMs of a V100 bind
+        with pytest.raises(LoweringError, match="80 SMs"):
+            lower(s, t, LowerOptions(instances=3, runtime=runtime, fit_lanes=False))
 
 
 def test_step_limit_that_channels_cannot_fix(topo):
@@ -436,3 +437,33 @@ def test_random_schedules_lower_to_verified_programs(topo, seed):
     opts = LowerOptions(proto=rng.choice(["Simple", "LL"]), instances=rng.randint(1, 2))
     p = lower_twice(s, t, opts)
     check_program(p, d.split(opts.instances))
+
+
+@pytest.mark.parametrize("hw,expected", [("dgx2", ("old", "executor")), ("mi250", ("rccl",)), ("fully-connected:4", ())])
+def test_a_file_targets_the_runtimes_of_its_hardware(topo, hw, expected):
+    """A DGX file keeps the NVIDIA runtimes' limits and an MI250 file RCCL's, says so in the XML,
+    and is judged for those runtimes when read back without its hardware; a synthetic topology's
+    file (any vendor) names none and is judged for every runtime with its collective."""
+    t = topo(hw)
+    _, s = _plan(t, "ring", "allgather")
+    p = lower(s, t)
+    assert p.runtimes == expected
+    xml = to_xml(p)
+    back = read_xml(xml)
+    assert back == p
+    judged = verify(back)
+    assert judged.ok and judged.runtimes == (expected or ("old", "executor", "rccl"))
+    if expected:
+        assert f"<!-- msccl-compile runtimes {' '.join(expected)} -->" in xml
+        bare = read_xml("\n".join(l for l in xml.splitlines() if "msccl-compile runtimes" not in l))
+        assert verify(bare).runtimes == ("old", "executor", "rccl")
+    else:
+        assert "<!--" not in xml
+
+
+def test_a_runtimes_comment_names_known_runtimes(topo):
+    t = topo("dgx2")
+    _, s = _plan(t, "direct", "allgather")
+    xml = to_xml(lower(s, t)).replace("runtimes old executor", "runtimes old nccl2")
+    with pytest.raises(CompileError, match=r"algo: <!-- msccl-compile runtimes -->.*'nccl2' is not a list of runtimes"):
+        read_xml(xml)

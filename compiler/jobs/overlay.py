@@ -12,9 +12,12 @@ thread block of the job first waits for that message. The clock ranks and links 
 timed copy of the topology.
 
 A job's finish is the timer's own: when its thread blocks' data has arrived (time_program's
-per_tb); the largest of them is checked against the timer's finish. The overlay is timed in
-alpha-beta (runtime_costs=False): joint, alone and naive alike, so they compare on equal terms,
-but without the runtime cost model that single programs are timed under.
+per_tb); the largest of them is checked against the timer's finish. The overlay is timed under
+the runtime cost model, like any program, where every job runs one protocol, cuts its buffer into
+chunks of one size (so the overlay's kernel iterations are each job's own) and starts at once;
+otherwise in alpha-beta (runtime_costs=False): a clock's message would recur in every kernel
+iteration, and the iterations of unit-sized chunks would not be the jobs' own. Joint, alone and
+naive are timed alike either way, so they compare on equal terms.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _unit(chunks: list[Fraction]) -> Fraction:
 
 def with_clocks(topo: Topology, delays: list[tuple[float, tuple[int, ...]]], unit: float) -> Topology:
     """The topology plus one clock GPU per delay, after the real GPUs (switches move up), with a
-    private link to each GPU it delays on which one `unit`-byte message takes the delay."""
+    private link to each GPU it delays on which one `unit`-byte message takes the delay (alpha-beta)."""
     k, n = len(delays), topo.ngpus
     if not k:
         return topo
@@ -94,7 +97,9 @@ def run_together(topo: Topology, placed: list[Placed]) -> Together:
     """Time the jobs' programs together on `topo` (see the module docstring)."""
     chunks = [Fraction(p.call_bytes) / p.program.nchunksperloop for p in placed]
     unit = _unit(chunks)
+    protos = sorted({p.program.proto for p in placed})
     delays = [(p.start, p.ranks) for p in placed if p.start > 0]
+    costed = len(protos) == 1 and all(c == unit for c in chunks) and not delays
     timed = with_clocks(topo, delays, float(unit))
     n = topo.ngpus
     per_rank: dict[int, list[ThreadBlock]] = {}
@@ -111,11 +116,9 @@ def run_together(topo: Topology, placed: list[Placed]) -> Together:
             owner.update({(rank, tb.id): j for tb in tbs})
         chan0 += p.program.nchannels
     gpus = tuple(GpuProgram(r, 1, 1, 1, tuple(per_rank.get(r, ()))) for r in range(timed.ngpus))
-    program = Program("jobs-together", CUSTOM, timed.ngpus, 1, chan0, gpus)
+    program = Program("jobs-together", CUSTOM, timed.ngpus, 1, chan0, gpus, proto=protos[0])
     per_tb: dict = {}
-    # alpha-beta (no runtime costs): the overlay is one program of unit-sized chunks, whose kernel
-    # iterations and launch would not be the jobs' own; see the README's Known limits
-    makespan = time_program(program, timed, float(unit), runtime_costs=False, per_tb=per_tb).finish_time_s
+    makespan = time_program(program, timed, float(unit), runtime_costs=costed, per_tb=per_tb).finish_time_s
     ends = [0.0] * len(placed)
     for key, done in per_tb.items():  # a job is done when its last thread block's data has arrived
         j = owner.get(key)

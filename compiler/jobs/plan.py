@@ -170,7 +170,7 @@ def _lower_gated(job: JobSpec, view: JobView, schedule: Schedule, gates_for, opt
     """The re-timed schedule lowered, gated and verified; the alone program where that fails."""
     try:
         where: dict = {}
-        runtimes = target_runtimes(schedule.demand.collective, options.runtime)
+        runtimes = target_runtimes(schedule.demand.collective, options.runtime, view.topology.vendor)
         aimed = runtimes[0] if len(runtimes) == 1 else options.runtime
         program = lower(schedule, view.topology, LowerOptions(proto=options.proto, runtime=aimed), where)
         gates = gates_for(where)

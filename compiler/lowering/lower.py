@@ -49,7 +49,7 @@ from compiler.model.demand import Demand
 from compiler.specs.collectives import CUSTOM, inplace_alias
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
-                                    MAX_TBS_PER_CHANNEL, limits_for, target_runtimes)
+                                    MAX_TBS_PER_CHANNEL, limits_for, narrower, target_runtimes)
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -75,20 +75,26 @@ class RuntimeLimits:
     max_depid: int = MAX_DEPID
     max_cnt: int = MAX_CNT
     max_offset: int = MAX_OFFSET  # offsets are int16
+    targets: tuple[str, ...] = ()  # the runtimes whose limits these are
 
 
-def runtime_limits(runtime: str, sms: int = 0) -> RuntimeLimits:
+def runtime_limits(runtime: str, sms: int = 0, targets: tuple[str, ...] = ()) -> RuntimeLimits:
     """The runtime spec's limits as the lowering counts them (thread blocks allowed, not the bound
-    they must stay below); 'all' is the strictest of every runtime. sms > 0 caps thread blocks
-    below the SM count (all blocks must be co-resident)."""
+    they must stay below); 'all' is the strictest of `targets` (default: of every runtime). sms > 0
+    caps thread blocks below the SM count (all blocks must be co-resident)."""
     try:
-        lim = limits_for(runtime)
+        lim = limits_for(runtime, declared=targets)
     except CompileError as e:
         raise LoweringError(str(e)) from None
     tbs, reason = lim.max_tbs - 1, lim.tb_reason
     if 0 < sms <= tbs:
         tbs, reason = sms - 1, f"the GPU has {sms} SMs and all thread blocks must be co-resident"
-    return RuntimeLimits(runtime, lim.max_steps, tbs, reason, sms=sms)
+    return RuntimeLimits(runtime, lim.max_steps, tbs, reason, sms=sms, targets=lim.runtimes)
+
+
+def targets_of(collective: str, runtime: str, vendor: str) -> tuple[str, ...]:
+    """The runtimes a program lowered for `runtime` on `vendor`'s GPUs targets."""
+    return target_runtimes(collective, ALL, vendor) if runtime == ALL else (runtime,)
 
 
 @dataclass(frozen=True)
@@ -217,7 +223,7 @@ def _allows(lim: RuntimeLimits, what: str) -> str:
 
 def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, note: str = "") -> None:
     """Raise LoweringError naming the first limit a rank breaks (msccl-xml.md §11, §16)."""
-    roomiest = runtime_limits(max(NAMES, key=lambda r: runtime(r).max_tbs), lim.sms)
+    roomiest = runtime_limits(max(lim.targets or NAMES, key=lambda r: runtime(r).max_tbs), lim.sms)
     for g in gpus:
         r = g.rank
         if len(g.tbs) > lim.max_tbs:
@@ -304,7 +310,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     add dependencies between transfers, such as compiler/jobs/gates.py)."""
     check_options(options)
     check_transfers(schedule, topology)
-    lim = runtime_limits(options.runtime, topology.sms)
+    targets = targets_of(schedule.demand.collective, options.runtime, topology.vendor)
+    lim = runtime_limits(options.runtime, topology.sms, targets)
     demand = schedule.demand.split(options.instances)
     levels = transfer_levels(schedule)
     lanes = parallel_lanes(schedule, topology, levels)
@@ -358,7 +365,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                                   f"{demand.collective}-{topology.name}-{schedule.planner}")[:255]
     if inplace_ok:
         notes.append("lowering: every input chunk is read before anything overwrites it: usable in place")
-    if demand.collective not in limits_for(lim.runtime).colls:
+    if demand.collective not in limits_for(lim.runtime, declared=lim.targets).colls:
         notes.append(f"lowering: no MSCCL coll={demand.collective} in runtime {lim.runtime} (it is in "
                      f"{', '.join(target_runtimes(demand.collective))})")
     return Program(
@@ -366,4 +373,5 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         nchunksperloop=max(1, demand.input_chunks, demand.output_chunks),
         nchannels=max((tb.chan for g in gpus for tb in g.tbs), default=0) + 1, gpus=gpus, proto=options.proto,
         inplace=inplace_ok, outofplace=True, min_bytes=options.min_bytes, max_bytes=options.max_bytes,
-        demand=demand if demand.collective == CUSTOM else None, notes=tuple(notes))
+        demand=demand if demand.collective == CUSTOM else None,
+        runtimes=targets if narrower(demand.collective, targets) else (), notes=tuple(notes))

@@ -82,6 +82,7 @@ class Program:
     min_bytes: int = 0
     max_bytes: int = 0  # 0: no upper limit where the runtime allows it; the writer makes it finite
     demand: Demand | None = None  # a custom collective's postcondition, in units of this program's chunks
+    runtimes: tuple[str, ...] = ()  # the runtimes whose limits it keeps; (): unknown (every one with its coll)
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -104,6 +105,7 @@ class Program:
             "inplace": self.inplace, "outofplace": self.outofplace,
             "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
             "demand": self.demand.to_dict() if self.demand is not None else None,
+            "runtimes": list(self.runtimes),
             "notes": list(self.notes),
             "gpus": [
                 {"rank": g.rank, "i_chunks": g.i_chunks, "o_chunks": g.o_chunks, "s_chunks": g.s_chunks,
@@ -121,6 +123,7 @@ class Program:
             inplace=bool(d["inplace"]), outofplace=bool(d["outofplace"]),
             min_bytes=int(d["min_bytes"]), max_bytes=int(d["max_bytes"]),
             demand=Demand.from_dict(d["demand"]) if d.get("demand") is not None else None,
+            runtimes=tuple(d.get("runtimes", ())),
             notes=tuple(d.get("notes", ())),
             gpus=tuple(
                 GpuProgram(int(g["rank"]), int(g["i_chunks"]), int(g["o_chunks"]), int(g["s_chunks"]),

@@ -393,7 +393,7 @@ STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", 
 
 
 def static_findings(p: Program, runtime: str = ALL, only: frozenset[str] | None = None) -> list[Finding]:
-    """The static rules' findings for `runtime` (ALL: the strictest over the runtimes the
-    collective targets); with `only`, just the findings of those rules."""
-    lim = limits_for(runtime, p.collective)
+    """The static rules' findings for `runtime` (ALL: the strictest over the runtimes the program
+    declares, else those the collective targets); with `only`, just the findings of those rules."""
+    lim = limits_for(runtime, p.collective, declared=p.runtimes)
     return [f for rule in STATIC_RULES for f in rule(p, lim) if only is None or f.rule in only]

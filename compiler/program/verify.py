@@ -41,10 +41,11 @@ class Verdict:
 
 def verify(program: Program, runtime: str = ALL, demand: Demand | None = None, sms: int | None = None) -> Verdict:
     """All static rules for `runtime` (a runtime's name, or ALL = the strictest over the runtimes
-    that have the program's collective, see `target_runtimes`), then symbolic execution against
+    the program declares it targets, else over those that have its collective, see
+    `judged_runtimes`), then symbolic execution against
     the postcondition (`demand`, else the program's own demand, else the standard collective's):
     once as an out-of-place call and once as an in-place call, for each kind the header allows."""
-    judged = judged_runtimes(program.collective, runtime)
+    judged = judged_runtimes(program.collective, runtime, program.runtimes)
     demand = demand if demand is not None else program.demand
     findings = static_findings(program, runtime)
     findings += co_residency(program, sms)

@@ -43,6 +43,7 @@ class RuntimeSpec:
     environment: Callable[[str, list[str]], dict[str, str]] = field(default=lambda d, files: {}, compare=False)
     off: dict[str, str] = field(default_factory=dict)  # variables that switch it off (bench's default side)
     max_bytes_inclusive: bool = True  # selects a file for sizes up to maxBytes inclusive (else below it)
+    vendors: tuple[str, ...] = ("nvidia", "amd")  # GPU vendors whose GPUs it runs on
 
     def accepts(self, collective: str) -> bool:
         return collective in self.colls
@@ -66,16 +67,17 @@ RUNTIMES: dict[str, RuntimeSpec] = {r.name: r for r in (
                 {**_STANDARD, "reduce_scatter": "reduce_scatter", CUSTOM: CUSTOM},
                 required=("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace"),
                 max_algorithms=4, loads_directory=False, max_bytes_inclusive=False,
-                environment=lambda d, files: {"MSCCL_XML_FILES": ":".join(files), "NCCL_ALGO": "MSCCL,RING,TREE"}),
+                environment=lambda d, files: {"MSCCL_XML_FILES": ":".join(files), "NCCL_ALGO": "MSCCL,RING,TREE"},
+                vendors=("nvidia",)),
     RuntimeSpec("executor", "msccl-executor-nccl", 64, 1024, {**_STANDARD, "gather": "gather", "scatter": "scatter"},
                 other_colls=("send", "recv", "alltoallv"), required=_ALGO_ATTRS,
                 environment=lambda d, files: {"MSCCL_ALGO_DIR": d, "MSCCL_ENABLE": "1"},
-                off={"MSCCL_ENABLE": "0"}),
+                off={"MSCCL_ENABLE": "0"}, vendors=("nvidia",)),
     RuntimeSpec("rccl", "RCCL", 64, 64, {**_STANDARD, "gather": "gather", "scatter": "scatter"},
                 other_colls=("send", "recv", "alltoallv"), required=_ALGO_ATTRS,
                 environment=lambda d, files: {"RCCL_MSCCL_ENABLE": "1", "RCCL_MSCCL_FORCE_ENABLE": "1",
                                               "MSCCL_ALGO_DIR": d},
-                off={"RCCL_MSCCL_ENABLE": "0"}),
+                off={"RCCL_MSCCL_ENABLE": "0"}, vendors=("amd",)),
 )}
 NAMES = tuple(RUNTIMES)
 DEFAULT = "executor"  # where one runtime must be chosen (library, env, bench): the maintained one
@@ -90,12 +92,17 @@ def runtime(name: str) -> RuntimeSpec:
     return RUNTIMES[name]
 
 
-def target_runtimes(collective: str, requested: str = ALL) -> tuple[str, ...]:
+def target_runtimes(collective: str, requested: str = ALL, vendor: str | None = None) -> tuple[str, ...]:
     """The runtimes a program of `collective` is written and verified for: with "all", every
-    runtime whose `coll` attribute accepts the collective; otherwise the one requested, refused
-    when it has no such collective. The one rule that compile, verify and library apply."""
+    runtime whose `coll` attribute accepts the collective and that runs on the hardware's GPUs
+    (`vendor`: nvidia, amd; None or other: any vendor, as for a file read without its hardware);
+    otherwise the one requested, refused when it has no such collective. The one rule that
+    compile, verify and library apply. Why by vendor: RCCL (63 thread blocks) cannot run on a DGX
+    and NCCL's MSCCL builds cannot run on an MI250, so neither's limits bind the other's files."""
     if requested == ALL:
-        return tuple(r for r in NAMES if RUNTIMES[r].accepts(collective)) or NAMES
+        takers = tuple(r for r in NAMES if RUNTIMES[r].accepts(collective)) or NAMES
+        native = tuple(r for r in takers if vendor in RUNTIMES[r].vendors)
+        return native or takers
     spec = runtime(requested)
     if not spec.accepts(collective):
         takers = [r for r in NAMES if RUNTIMES[r].accepts(collective)]
@@ -104,10 +111,19 @@ def target_runtimes(collective: str, requested: str = ALL) -> tuple[str, ...]:
     return (requested,)
 
 
-def judged_runtimes(collective: str, requested: str = ALL) -> tuple[str, ...]:
+def judged_runtimes(collective: str, requested: str = ALL, declared: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The runtimes a program is judged for: the one asked for (whose coll rule then reports a
-    collective it lacks), or with "all" those the collective targets."""
-    return target_runtimes(collective) if requested == ALL else (runtime(requested).name,)
+    collective it lacks), or with "all" those the file declares it targets (its runtimes comment),
+    else those the collective targets on any vendor."""
+    if requested != ALL:
+        return (runtime(requested).name,)
+    return declared or target_runtimes(collective)
+
+
+def narrower(collective: str, runtimes: tuple[str, ...]) -> bool:
+    """Whether `runtimes` leave out some runtime that has the collective (a file must then say
+    which it targets, or a reader would judge it for all of them)."""
+    return bool(runtimes) and set(runtimes) != set(target_runtimes(collective))
 
 
 @dataclass(frozen=True)
@@ -132,11 +148,14 @@ def limits(runtimes: tuple[str, ...]) -> Limits:
                   f"{tightest.name} allows {tightest.allowed_tbs}")
 
 
-def limits_for(requested: str, collective: str | None = None) -> Limits:
-    """A runtime's limits; "all": the strictest over the runtimes `collective` targets (over every
-    runtime when no collective is given)."""
+def limits_for(requested: str, collective: str | None = None, vendor: str | None = None,
+               declared: tuple[str, ...] = ()) -> Limits:
+    """A runtime's limits; "all": the strictest over the runtimes a file declares (`declared`), else
+    those `collective` targets on `vendor`'s GPUs (over every runtime when no collective is given)."""
     if requested == ALL:
-        return limits(target_runtimes(collective) if collective else NAMES)
+        if declared:
+            return limits(declared)
+        return limits(target_runtimes(collective, ALL, vendor) if collective else NAMES)
     return limits((runtime(requested).name,))
 
 
@@ -175,12 +194,12 @@ def spelled_apart(collective: str) -> bool:
     return len({r.colls[collective] for r in RUNTIMES.values() if collective in r.colls}) > 1
 
 
-def twin_runtime(collective: str, requested: str) -> str | None:
-    """The runtime that needs a file of its own where "all" writes one for several: the old one
-    spells reduce-scatter apart (reduce_scatter, not reducescatter). None: one file serves all."""
+def twin_runtime(collective: str, requested: str, targets: tuple[str, ...]) -> str | None:
+    """The runtime among `targets` that needs a file of its own where "all" writes one for several:
+    the old one spells reduce-scatter apart (reduce_scatter, not reducescatter). None: one file
+    serves all."""
     if requested != ALL:
         return None
-    targets = target_runtimes(collective)
     for name in targets:
         if len(targets) > 1 and RUNTIMES[name].colls[collective] != coll_attribute(collective, ALL):
             return name

@@ -95,11 +95,10 @@ def write(result, directory: str, runtime: str) -> dict:
     from backends.msccl_xml import save_xml
     from compiler.fileio import atomic_write, make_directory
     from compiler.pipeline import xml_files
-    from compiler.specs.runtimes import target_runtimes
     make_directory(os.path.join(directory, "manifest"))
     files, runtimes = {}, {}
     for j in result.jobs:
-        judged = target_runtimes(j.spec.collective, runtime)
+        judged = j.program.runtimes
         xmls = xml_files(j.program, os.path.join(directory, f"{j.spec.name}.xml"), runtime, judged)
         for f in xmls:
             save_xml(f.program, f.path, f.spelling)

@@ -20,12 +20,13 @@ def configure(p) -> None:
     p.add_argument("--sizes", type=size_range_arg, default=(1024, 2**30), metavar="LO:HI",
                    help="range of sizes covered, inclusive (default 1KiB:1GiB)")
     p.add_argument("--band-factor", type=positive_int, default=4,
-                   help="each band spans this factor of sizes (default 4)")
+                   help="the bands planned span this factor of sizes (default 4); the bands written are where "
+                        "their programs cross over under the program timer")
     p.add_argument("--method", default="auto")
     p.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
                    help="seconds of planning per band (default 10)")
     p.add_argument("--proto", choices=("auto",) + PROTOCOLS, default="auto",
-                   help="auto: LL up to 256KiB, LL128 up to 4MiB on NVIDIA, Simple above")
+                   help="auto (default): per band, the fastest program under the profile's runtime cost model")
     p.add_argument("--runtime", choices=NAMES, default=DEFAULT)
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     p.add_argument("--force", action="store_true", help="replace XML files already in DIR")
@@ -54,13 +55,13 @@ def run(args) -> int:
     out = Path(args.output)
     prepare_directory(out, args.force)
 
-    def done(name, result):
+    def done(label, result):
         if not args.json:
-            s, m = result.schedule, result.planned
-            print(f"{name}: {format_size(result.program.min_bytes)}..{format_size(result.program.max_bytes)}, "
-                  f"{result.program.proto}, {s.planner} with {s.demand.chunks_per_rank} chunk(s): "
-                  f"{m.algbw / 1e9:.2f} GB/s at {format_size(s.demand.size_bytes)} ({m.bound_ratio:.3f} of the bound)",
-                  flush=True)
+            s, p = result.schedule, result.program
+            print(f"planned {label} at {format_size(s.demand.size_bytes)}: {s.planner} with "
+                  f"{s.demand.chunks_per_rank} chunk(s), {p.proto} x{result.realisation.instances}: program "
+                  f"{result.summary()['algbw_GBps']:.2f} GB/s ({result.bound_ratio:.3f} of the bound; planned "
+                  f"{result.planned.bound_ratio:.3f})", flush=True)
 
     lib = library(topo, LibraryOptions(colls, args.sizes, args.band_factor, args.method, args.time_limit, args.proto,
                                        args.runtime, Progress(sys.stderr.isatty())), done)
@@ -71,6 +72,13 @@ def run(args) -> int:
     if args.json:
         emit_json(lib.manifest)
     else:
+        for e in lib.manifest["algorithms"]:
+            other = e["runner_up"]
+            beside = (f"; runner-up {other['method']}/{other['chunks']}ch/{other['proto']} {other['slower']:.2f}x slower"
+                      if other else "")
+            print(f"{e['file']}: {format_size(e['min_bytes'])}..{format_size(e['max_bytes'])}, {e['method']} with "
+                  f"{e['chunks']} chunk(s), {e['proto']} x{e['instances']}: {e['algbw_GBps']:.2f} GB/s at "
+                  f"{format_size(e['at_bytes'])} ({e['bound_ratio']:.3f} of the bound){beside}")
         print(f"wrote {len(lib.results)} algorithm(s) to {out}/ and the manifest to {out}/manifest/manifest.json "
               f"(the runtime skips subdirectories); load with: msccl-compile env {out} --runtime {args.runtime}")
     return 0

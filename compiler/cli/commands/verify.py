@@ -30,7 +30,9 @@ def run(args) -> int:
     verdict = verify(program, args.runtime, demand=demand)
     judged = "/".join(verdict.runtimes)
     if judged != args.runtime:
-        judged += f" (the runtime{'s' if len(verdict.runtimes) > 1 else ''} with coll={program.collective})"
+        plural = "s" if len(verdict.runtimes) > 1 else ""
+        judged += (f" (the runtime{plural} the file names)" if program.runtimes
+                   else f" (the runtime{plural} with coll={program.collective})")
     if args.json:
         emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
                    "runtimes": list(verdict.runtimes), "demand": "--demand" if args.demand else
