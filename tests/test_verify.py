@@ -464,3 +464,15 @@ def test_order_through_another_rank_is_no_race():
     local = Machine(p, connections(p), addrs, size, init, enc, full_clocks=False).run()
     assert {f.rule for f in local} == {"race"}
     assert verify(p).ok
+
+
+def test_sparse_symbols_judge_as_the_ints_do(monkeypatch):
+    """Past DENSE_BITS (large reduce-scatters) symbols are symbols.Sparse: the same verdicts."""
+    import compiler.program.interpret as interpret
+    p = ring_reduce_scatter()
+    bad = edit(p, 0, 0, list(p.gpus[0].tbs[0].steps) + [st("re", src="i0", dst="o0")])
+    dense = [verify(x) for x in (p, bad, ring_allgather_2tb())]
+    monkeypatch.setattr(interpret, "DENSE_BITS", 0)
+    sparse = [verify(x) for x in (p, bad, ring_allgather_2tb())]
+    assert [v.findings for v in sparse] == [v.findings for v in dense]
+    assert sparse[0].ok and not sparse[1].ok

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from compiler.model.program import SLOTS, Program, ThreadBlock
 from compiler.program.findings import Finding, finding
+from compiler.program.symbols import Sparse
 from compiler.program.semantics import KINDS, Interpreter, connections, layout, publishes, waits
 
 UNBOUNDED = 1 << 62  # connection slots of a transport that buffers without limit (gloo)
@@ -41,18 +42,27 @@ def _ranks(rs: list[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
+DENSE_BITS = 1 << 16  # ranks x input chunks up to which a symbol is one int (else symbols.Sparse)
+
+
 class Encoding:
     """A symbolic chunk value is an int: bit (rank * width + index) set per contribution of input
     chunk i[index] of `rank`. Copies carry one bit; a reduction ORs them (after checking they are
-    disjoint). 0 is data derived from an undefined read; None is memory never written."""
+    disjoint). 0 is data derived from an undefined read; None is memory never written. Beyond
+    DENSE_BITS bits the values are compiler.program.symbols.Sparse, which act as those ints."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, ranks: int = 0):
         self.width = max(width, 1)
+        self.sparse = ranks * self.width > DENSE_BITS
 
-    def bit(self, rank: int, index: int) -> int:
+    def bit(self, rank: int, index: int):
+        if self.sparse:
+            return Sparse({index: 1 << rank})
         return 1 << (rank * self.width + index)
 
-    def contributions(self, v: int) -> list[tuple[int, int]]:
+    def contributions(self, v) -> list[tuple[int, int]]:
+        if isinstance(v, Sparse):
+            return v.contributions()
         out = []
         while v:
             low = v & -v
@@ -359,7 +369,7 @@ def initial_memory(p: Program, inplace: bool):
     """(addresses, memory size, initial contents, encoding) of a call of `p`: every rank's input
     chunk j holds the symbol of (rank, j)."""
     addrs, n_in, size = addresses(p, inplace)
-    enc = Encoding(max(n_in, default=1))
+    enc = Encoding(max(n_in, default=1), len(addrs))
     init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
     return addrs, size, init, enc
 
