@@ -6,6 +6,13 @@ node, which is what the node cut asks for; the fan-out rides the fast intra-node
 Transfers are list-scheduled in the epoch model like the other baselines: cross-node sends first
 (rotating over remote nodes so receivers are spread), then each GPU's own chunk to its node in
 rotating rounds, then the fan-out of what arrived, in order of arrival.
+
+Beyond RAIL_PEERS_MAX remote nodes, sending every chunk straight to each remote node gives every
+GPU one network peer per remote node, and a peer costs a thread block per channel group: at 64
+nodes the program needs more thread blocks than an H100 has SMs. There each rail is a ring over
+the nodes instead, used both ways: a chunk hops to the same-rail GPU of the next node for half the
+nodes and of the previous node for the other half (each GPU has two network peers each way, which
+its NIC's two thread-block lanes keep busy; the network carries the same bytes, once per node).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
 from compiler.planners.options import PlanOptions
 
+RAIL_PEERS_MAX = 31  # remote nodes a GPU sends to directly (more: a ring per rail over the nodes)
+
 
 @register("hier")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
@@ -32,6 +41,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
+    ring = nodes - 1 > RAIL_PEERS_MAX and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
+                                              for c in demand.chunks)
     cross, local, fanout = [], [], []
     for c in demand.chunks:
         s = c.sources[0]
@@ -47,7 +58,13 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             relay = node * per + s % per
             if relay not in wanted:
                 relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
-            cross.append(((node - home) % nodes, s % per, c.id, s, relay))
+            hops, sender = (node - home) % nodes, s
+            if ring:  # half the nodes forward along the rail ring, half backward: two network peers each way
+                back = hops > nodes // 2
+                hops = nodes - hops if back else hops
+                sender = (relay + per) % n if back else (relay - per) % n
+                sender = s if hops == 1 else sender
+            cross.append((hops, s % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     for *_, chunk, a, b in sorted(cross):
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
@@ -57,5 +74,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
-    return ls.schedule("hier", started, ("hier: each chunk crosses the network once per remote node, "
-                                         "to the same-rail GPU, then fans out inside each node",))
+    how = (f"both ways along a ring over the {nodes} nodes per rail (same-rail GPUs; {nodes - 1} remote nodes are more "
+           f"than {RAIL_PEERS_MAX} network peers per GPU)" if ring else "to the same-rail GPU")
+    return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
+                                         "then fans out inside each node",))
