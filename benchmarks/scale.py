@@ -6,7 +6,7 @@ a fresh process (each case runs in its own, so its peak is its own). Published s
 are printed beside: TACOS (greedy time-expanded matching) synthesises an allgather for 512 NPUs in
 6.1 min; TE-CCL's MILP needed 2,700 s of Gurobi for DGX-2 x 2 allgather 1 GB (16 GPUs x 2).
 
-    python benchmarks/scale.py [--time-limit 60] [--methods auto] [--systems dgx-h100x64,...]
+    python benchmarks/scale.py [--time-limit 60] [--methods auto] [--runtime all] [--systems dgx-h100x64,...]
                                [--cases allgather,reduce_scatter@dgx-h100x64] [--json out.json]
 """
 
@@ -27,7 +27,7 @@ EXTRA = [("dgx-h100", 64, "reduce_scatter")]  # (hw, nodes, collective) beside e
 PUBLISHED = {512: "TACOS: 6.1 min (512 NPUs, allgather)"}  # synthesis times others report at this many GPUs
 
 
-def one(hw: str, nodes: int, collective: str, method: str, limit: float, size: int) -> dict:
+def one(hw: str, nodes: int, collective: str, method: str, limit: float, size: int, runtime: str) -> dict:
     """Compile one case in this process, as the CLI does (program written for every runtime), and
     report it with this process's wall time and peak memory."""
     from compiler.model.demand import make_demand
@@ -40,7 +40,7 @@ def one(hw: str, nodes: int, collective: str, method: str, limit: float, size: i
     demand = make_demand(collective, topo.ngpus, size - size % (topo.ngpus * 4))
     try:
         r = compile(topo, demand, CompileOptions(PlanOptions(method=method, time_limit=limit, refine=True),
-                                                 output="scale.xml"))
+                                                 runtime=runtime, output="scale.xml"))
     except CompileError as e:
         return {"error": str(e), "wall_s": time.perf_counter() - t0}
     return {"method": r.schedule.planner, "chunks": r.demand.chunks_per_rank, "proto": r.program.proto,
@@ -72,16 +72,17 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(f"{c}@{h}x{n}" for h, n, c in EXTRA),
                     help="more collectives, as COLLECTIVE@SYSTEM (run where SYSTEM is in --systems)")
     ap.add_argument("--size", type=int, default=10**9)
+    ap.add_argument("--runtime", default="all", help="the runtimes the program is written for (default all, the CLI's)")
     ap.add_argument("--json")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
         hw, nodes, coll, method, limit = json.loads(args.one)
-        print(json.dumps(one(hw, nodes, coll, method, limit, args.size)))
+        print(json.dumps(one(hw, nodes, coll, method, limit, args.size, args.runtime)))
         return 0
     rows = []
     print(f"# {args.size / 1e9:g} GB on {platform.node()} ({platform.machine()}, Python {platform.python_version()}), "
-          f"HiGHS; time limit {args.time_limit:g} s; whole pipeline (plan, lower, time, verify) per fresh process")
+          f"HiGHS; time limit {args.time_limit:g} s; runtime {args.runtime}; whole pipeline (plan, lower, time, verify) per fresh process")
     print(f"{'system':<14} {'GPUs':>5} {'collective':<15} {'method':<7} {'ch':>3} {'proto':<6} {'program':>7} "
           f"{'planned':>7} {'wall s':>7} {'peak MB':>8}  published")
     for hw, nodes, coll in cases(args.systems, args.cases):
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
             if method == "hier" and nodes == 1:
                 continue
             payload = json.dumps([hw, nodes, coll, method, args.time_limit])
-            proc = subprocess.run([sys.executable, __file__, "--one", payload, "--size", str(args.size)],
+            proc = subprocess.run([sys.executable, __file__, "--one", payload, "--size", str(args.size),
+                                   "--runtime", args.runtime],
                                   capture_output=True, text=True, timeout=args.time_limit * 3 + 1800)
             try:
                 r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -47,12 +47,14 @@ def test_clear_errors(topo):
 
 
 def test_rail_rings_beyond_the_direct_network_peers(topo, monkeypatch):
-    """Past RAIL_PEERS_MAX remote nodes each rail is a ring over the nodes, used both ways."""
+    """Past RAIL_PEERS_MAX remote nodes each rail carries chains of nodes both ways (here one each
+    way: a ring used both ways, two network peers per GPU)."""
     from compiler.planners import hierarchical
     monkeypatch.setattr(hierarchical, "RAIL_PEERS_MAX", 1)
+    monkeypatch.setattr(hierarchical, "RAIL_CHAINS", 1)
     t = topo("dgx-h100", 4)
     d, s, m = planned(t, "allgather")
     cross = [x for x in s.transfers if t.node_of(x.src) != t.node_of(x.dst)]
     assert {(x.src, x.dst) for x in cross} == {(g, (g + k) % 32) for g in range(32) for k in (8, 24)}
-    assert len(cross) == len(d.chunks) * 3 and any("ring over the 4 nodes" in n for n in s.notes)
+    assert len(cross) == len(d.chunks) * 3 and any("1 chains of up to 2 nodes" in n for n in s.notes)
     assert m.bound_ratio <= 1 + 1e-9

@@ -9,10 +9,12 @@ rotating rounds, then the fan-out of what arrived, in order of arrival.
 
 Beyond RAIL_PEERS_MAX remote nodes, sending every chunk straight to each remote node gives every
 GPU one network peer per remote node, and a peer costs a thread block per channel group: at 64
-nodes the program needs more thread blocks than an H100 has SMs. There each rail is a ring over
-the nodes instead, used both ways: a chunk hops to the same-rail GPU of the next node for half the
-nodes and of the previous node for the other half (each GPU has two network peers each way, which
-its NIC's two thread-block lanes keep busy; the network carries the same bytes, once per node).
+nodes the program needs more thread blocks than an H100 has SMs. There the nodes a chunk
+must reach along its rail (half of them forward from its home node, half backward) are cut into
+RAIL_CHAINS runs of neighbouring nodes each way: the source sends to the first node of each run,
+and each node of a run forwards to the next (same-rail GPUs). Each GPU has 2 x RAIL_CHAINS
+network peers, a chunk is at most a run deep in hops (each costs a network step), and the
+network carries the same bytes, once per node.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
 from compiler.planners.options import PlanOptions
 
-RAIL_PEERS_MAX = 31  # remote nodes a GPU sends to directly (more: a ring per rail over the nodes)
+RAIL_PEERS_MAX = 31  # remote nodes a GPU sends to directly (more: chains along each rail)
+RAIL_CHAINS = 16  # chains each way along a rail beyond that: 32 network peers per GPU, 2 hops deep at 64 nodes
 
 
 @register("hier")
@@ -43,6 +46,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
     ring = nodes - 1 > RAIL_PEERS_MAX and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
                                               for c in demand.chunks)
+    length = -(-(nodes // 2) // RAIL_CHAINS)  # nodes per chain
     cross, local, fanout = [], [], []
     for c in demand.chunks:
         s = c.sources[0]
@@ -59,11 +63,12 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             if relay not in wanted:
                 relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
             hops, sender = (node - home) % nodes, s
-            if ring:  # half the nodes forward along the rail ring, half backward: two network peers each way
+            if ring:  # half the nodes forward along the rail, half backward, each half in RAIL_CHAINS chains
                 back = hops > nodes // 2
-                hops = nodes - hops if back else hops
-                sender = (relay + per) % n if back else (relay - per) % n
-                sender = s if hops == 1 else sender
+                k = nodes - hops if back else hops  # distance from home, 1..
+                hops = (k - 1) % length + 1  # place in its chain
+                if hops > 1:  # from the same-rail GPU one node nearer home
+                    sender = (relay + per) % n if back else (relay - per) % n
             cross.append((hops, s % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     for *_, chunk, a, b in sorted(cross):
@@ -74,7 +79,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
-    how = (f"both ways along a ring over the {nodes} nodes per rail (same-rail GPUs; {nodes - 1} remote nodes are more "
-           f"than {RAIL_PEERS_MAX} network peers per GPU)" if ring else "to the same-rail GPU")
+    how = (f"in {RAIL_CHAINS} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
+           f"remote nodes are more than {RAIL_PEERS_MAX} network peers per GPU)" if ring else "to the same-rail GPU")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          "then fans out inside each node",))
