@@ -46,12 +46,11 @@ def test_clear_errors(topo):
         planned(topo("dgx2", 2), "alltoall")
 
 
-def test_rail_rings_beyond_the_direct_network_peers(topo, monkeypatch):
-    """Past RAIL_PEERS_MAX remote nodes each rail carries chains of nodes both ways (here one each
+def test_rail_chains_beyond_the_direct_network_peers(topo, monkeypatch):
+    """Past network_peers remote nodes each rail carries chains of nodes both ways (here one each
     way: a ring used both ways, two network peers per GPU)."""
     from compiler.planners import hierarchical
-    monkeypatch.setattr(hierarchical, "RAIL_PEERS_MAX", 1)
-    monkeypatch.setattr(hierarchical, "RAIL_CHAINS", 1)
+    monkeypatch.setattr(hierarchical, "network_peers", lambda topo: 2)
     t = topo("dgx-h100", 4)
     d, s, m = planned(t, "allgather")
     cross = [x for x in s.transfers if t.node_of(x.src) != t.node_of(x.dst)]

@@ -7,14 +7,13 @@ Transfers are list-scheduled in the epoch model like the other baselines: cross-
 (rotating over remote nodes so receivers are spread), then each GPU's own chunk to its node in
 rotating rounds, then the fan-out of what arrived, in order of arrival.
 
-Beyond RAIL_PEERS_MAX remote nodes, sending every chunk straight to each remote node gives every
-GPU one network peer per remote node, and a peer costs a thread block per channel group: at 64
-nodes the program needs more thread blocks than an H100 has SMs. There the nodes a chunk
-must reach along its rail (half of them forward from its home node, half backward) are cut into
-RAIL_CHAINS runs of neighbouring nodes each way: the source sends to the first node of each run,
-and each node of a run forwards to the next (same-rail GPUs). Each GPU has 2 x RAIL_CHAINS
-network peers, a chunk is at most a run deep in hops (each costs a network step), and the
-network carries the same bytes, once per node.
+Sending every chunk straight to each remote node gives every GPU one network peer per remote node,
+and one channel holds at most MAX_TBS_PER_CHANNEL thread blocks with a send peer (the fan-out
+needs one per other GPU of the node). Beyond `network_peers` remote nodes the nodes a chunk must
+reach along its rail (half of them forward from its home node, half backward) are cut into
+network_peers // 2 runs of neighbouring nodes each way: the source sends to the first node of each
+run, and each node of a run forwards to the next (same-rail GPUs). A chunk is then at most a run
+deep in hops (each costs a network step), and the network carries the same bytes, once per node.
 """
 
 from __future__ import annotations
@@ -29,9 +28,13 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
 from compiler.planners.options import PlanOptions
+from compiler.specs.runtimes import MAX_TBS_PER_CHANNEL
 
-RAIL_PEERS_MAX = 31  # remote nodes a GPU sends to directly (more: chains along each rail)
-RAIL_CHAINS = 16  # chains each way along a rail beyond that: 32 network peers per GPU, 2 hops deep at 64 nodes
+
+def network_peers(topo: Topology) -> int:
+    """Network peers a GPU may send to: the thread blocks with a send peer one channel holds
+    (MAX_TBS_PER_CHANNEL), less one per other GPU of its node (the fan-out's peers)."""
+    return max(2, MAX_TBS_PER_CHANNEL - (topo.gpus_per_node - 1))
 
 
 @register("hier")
@@ -44,9 +47,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
-    ring = nodes - 1 > RAIL_PEERS_MAX and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
+    peers = network_peers(topo)
+    ring = nodes - 1 > peers and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
                                               for c in demand.chunks)
-    length = -(-(nodes // 2) // RAIL_CHAINS)  # nodes per chain
+    length = -(-(nodes // 2) // (peers // 2))  # nodes per chain, peers // 2 chains each way
     cross, local, fanout = [], [], []
     for c in demand.chunks:
         s = c.sources[0]
@@ -63,7 +67,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             if relay not in wanted:
                 relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
             hops, sender = (node - home) % nodes, s
-            if ring:  # half the nodes forward along the rail, half backward, each half in RAIL_CHAINS chains
+            if ring:  # half the nodes forward along the rail, half backward, each half in peers // 2 chains
                 back = hops > nodes // 2
                 k = nodes - hops if back else hops  # distance from home, 1..
                 hops = (k - 1) % length + 1  # place in its chain
@@ -79,7 +83,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
-    how = (f"in {RAIL_CHAINS} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
-           f"remote nodes are more than {RAIL_PEERS_MAX} network peers per GPU)" if ring else "to the same-rail GPU")
+    how = (f"in {peers // 2} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
+           f"remote nodes are more than the {peers} network peers a GPU has room for)" if ring else "to the same-rail GPU")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          "then fans out inside each node",))
