@@ -39,6 +39,8 @@ PAYS = 0.98  # a doubling of instances must cut the time below this share of the
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 20.0  # wall time after which no further doubling is tried
+LARGE_PROGRAM = 200_000  # transfers from which a protocol whose ideal program is no faster than a program
+# already timed is not lowered and timed (it cannot win; below this every protocol is timed for the notes)
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,12 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     t0 = time.perf_counter()
     stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
     protos = protocols(topology, options.proto)
+    ideal = {}
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
-        protos = tuple(sorted(protos, key=lambda p: simulate(topology, schedule, p).finish_time_s))
+        ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
+        protos = tuple(sorted(protos, key=ideal.__getitem__))
+    if len(schedule.transfers) < LARGE_PROGRAM:
+        ideal = {}
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
     counts = [options.instances] if fixed else [1]
@@ -102,7 +108,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         k = counts.pop()
         began = time.perf_counter()
         try:
-            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at)
+            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at, ideal)
         except CompileError as e:
             if best is None or fixed:
                 raise
@@ -150,13 +156,17 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
-              stop_at: float) -> dict[str, tuple[Program, ProgramTiming]]:
+              stop_at: float, ideal: dict[str, float] | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
-    the first always, another only if one more lowering as long as the first fits before stop_at."""
+    the first always, another only if one more lowering as long as the first fits before stop_at.
+    ideal: where given, a protocol whose ideal program is no faster than a program timed already
+    is passed over (no program is faster than its ideal)."""
     lowered: dict[int, Program] = {}
     out = {}
     t0 = time.perf_counter()
     for p in protos:
+        if ideal and out and ideal[p] >= min(t.finish_time_s for _, t in out.values()):
+            continue
         if SLOTS[p] not in lowered:
             if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
                 continue

@@ -44,3 +44,16 @@ def test_clear_errors(topo):
         planned(topo("mi250", 2), "allgather")
     with pytest.raises(CompileError, match="not alltoall"):
         planned(topo("dgx2", 2), "alltoall")
+
+
+def test_rail_chains_beyond_the_direct_network_peers(topo, monkeypatch):
+    """Past network_peers remote nodes each rail carries chains of nodes both ways (here one each
+    way: a ring used both ways, two network peers per GPU)."""
+    from compiler.planners import hierarchical
+    monkeypatch.setattr(hierarchical, "network_peers", lambda topo: 2)
+    t = topo("dgx-h100", 4)
+    d, s, m = planned(t, "allgather")
+    cross = [x for x in s.transfers if t.node_of(x.src) != t.node_of(x.dst)]
+    assert {(x.src, x.dst) for x in cross} == {(g, (g + k) % 32) for g in range(32) for k in (8, 24)}
+    assert len(cross) == len(d.chunks) * 3 and any("1 chains of up to 2 nodes" in n for n in s.notes)
+    assert m.bound_ratio <= 1 + 1e-9

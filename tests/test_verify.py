@@ -448,3 +448,31 @@ def test_random_mutations_never_raise():
             s[k] = replace(s[k], **{field: rng.choice(vals)})
         v = verify(edit(p, r, t, s), rng.choice(RUNTIMES + ("all",)))
         assert v.ok == (not v.findings) and isinstance(v.summary(), str)
+
+
+def test_order_through_another_rank_is_no_race():
+    """Rank 0's tb 1 rewrites o[0] after tb 0 wrote it, ordered only through rank 1 (tb 0 sends,
+    rank 1 answers, tb 1 receives): the local clocks see a race, the full ones clear it."""
+    from compiler.program.interpret import Machine, initial_memory
+    from compiler.program.semantics import connections
+    ranks = [[tb(0, send=1, steps=[st("cpy", src="i0", dst="o0"), st("s", src="o0", dst="o0")]),
+              tb(1, recv=1, steps=[st("r", src="o1", dst="o1"), st("cpy", src="o0", dst="o0")])],
+             [tb(0, send=0, recv=0, steps=[st("r", src="o0", dst="o0"), st("cpy", src="i0", dst="o1"),
+                                           st("s", src="o1", dst="o1")])]]
+    p = prog("allgather", 2, 2, ranks, 1, 2)
+    addrs, size, init, enc = initial_memory(p, False)
+    local = Machine(p, connections(p), addrs, size, init, enc, full_clocks=False).run()
+    assert {f.rule for f in local} == {"race"}
+    assert verify(p).ok
+
+
+def test_sparse_symbols_judge_as_the_ints_do(monkeypatch):
+    """Past DENSE_BITS (large reduce-scatters) symbols are symbols.Sparse: the same verdicts."""
+    import compiler.program.interpret as interpret
+    p = ring_reduce_scatter()
+    bad = edit(p, 0, 0, list(p.gpus[0].tbs[0].steps) + [st("re", src="i0", dst="o0")])
+    dense = [verify(x) for x in (p, bad, ring_allgather_2tb())]
+    monkeypatch.setattr(interpret, "DENSE_BITS", 0)
+    sparse = [verify(x) for x in (p, bad, ring_allgather_2tb())]
+    assert [v.findings for v in sparse] == [v.findings for v in dense]
+    assert sparse[0].ok and not sparse[1].ok

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow, shortest_path
+from scipy.sparse.csgraph import dijkstra, maximum_flow, shortest_path
 
 from compiler.model.demand import Demand, make_demand
 from compiler.specs.collectives import bus_factor, spec
 from compiler.specs.errors import DemandError
+from compiler.model.nodesym import node_symmetry
 from compiler.model.topology import Topology
 
 EXACT_MAX_VERTICES = 18  # 2^18 vertex sets: well under a second with numpy
@@ -247,8 +248,14 @@ def cut_bound(topo: Topology, traffic: Traffic) -> tuple[float, str, str]:
         inside = np.zeros((len(sets), topo.ngpus), dtype=bool)
         for i, s in enumerate(sets):
             inside[i, list(s)] = True
-        net = _FlowNet(topo)
-        cap = np.array([net.flow(list(s), sorted(set(range(topo.ngpus)) - set(s))) for s in sets])
+        net, sym, seen = _FlowNet(topo), node_symmetry(topo), {}
+
+        def cut(s: tuple[int, ...]) -> float:  # the same for every image of s under node permutations
+            key = sym.pattern(s) if sym is not None else s
+            if key not in seen:
+                seen[key] = net.flow(list(s), sorted(set(range(topo.ngpus)) - set(s)))
+            return seen[key]
+        cap = np.array([cut(s) for s in sets])
         method = "structured cuts"
     data = traffic.leaving(inside)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -265,12 +272,16 @@ def group_bound(topo: Topology, traffic: Traffic) -> tuple[float, str]:
     """Ingress and egress of single GPUs and of GPU groups that share a NIC or a package."""
     need_in, need_out = traffic.need_in(), traffic.need_out()
     best, why = 0.0, ""
+    back, sym, seen = topo.reversed(), node_symmetry(topo), {}
     for group in [(g,) for g in range(topo.ngpus)] + _groups(topo):
-        into = _FlowNet(topo, split=group)
-        others = [g for g in range(topo.ngpus) if g not in group]
-        cap_in = into.flow(others + list(group), [into.in_side[g] for g in group])
-        out = _FlowNet(topo.reversed(), split=group)
-        cap_out = out.flow(others + list(group), [out.in_side[g] for g in group])
+        key = sym.pattern(group) if sym is not None else group
+        if key not in seen:  # the same for every image of the group under node permutations
+            into = _FlowNet(topo, split=group)
+            others = [g for g in range(topo.ngpus) if g not in group]
+            out = _FlowNet(back, split=group)
+            seen[key] = (into.flow(others + list(group), [into.in_side[g] for g in group]),
+                         out.flow(others + list(group), [out.in_side[g] for g in group]))
+        cap_in, cap_out = seen[key]
         for need, cap, word in ((need_in, cap_in, "into"), (need_out, cap_out, "out of")):
             data = float(sum(need[g] for g in group))
             if data <= 0:
@@ -302,12 +313,50 @@ def _bandwidth_bounds(topo: Topology, traffic: Traffic) -> tuple:
 def alpha_distances(topo: Topology) -> np.ndarray:
     """Cheapest total alpha of a chain of transfers between every two GPUs (inf if unreachable)."""
     n = topo.ngpus
-    w = np.full((n, n), np.inf)
-    for s in range(n):
-        for d in topo.neighbours(s):
-            w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
+    sym = node_symmetry(topo)
+    if sym is None:
+        w = np.full((n, n), np.inf)
+        for s in range(n):
+            for d in topo.neighbours(s):
+                w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
+    else:
+        w = _one_transfer_alphas(topo)
     dense = np.where(np.isfinite(w), w + 1e-30, 0.0)  # zero means "no edge" to csgraph
-    return shortest_path(csr_matrix(dense), directed=True)
+    if sym is None:
+        return shortest_path(csr_matrix(dense), directed=True)
+    graph = csr_matrix(dense)
+    first = shortest_path(graph, directed=True, indices=np.arange(sym.per))  # node 0's rows stand for all
+    out = np.empty((n, n))
+    out[:sym.per] = first
+    for k in range(1, sym.nodes):
+        perm = sym.gpu_swap(k)
+        out[k * sym.per:(k + 1) * sym.per] = first[:, perm]
+    return out
+
+
+def _one_transfer_alphas(topo: Topology) -> np.ndarray:
+    """(ngpus, ngpus): the least alpha of one transfer (a path through switches only; two GPUs of
+    one node never through the network), by Dijkstra from every GPU on a graph where GPUs only
+    send or only receive (each is split in two), with and without the network switches."""
+    n, v = topo.ngpus, topo.nvertices
+    network = {topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "network"}
+
+    def distances(skip) -> np.ndarray:
+        rows, cols, alphas = [], [], []
+        for l in topo.links:
+            if l.src in skip or l.dst in skip:
+                continue
+            rows.append(l.src)
+            cols.append(v + l.dst if l.dst < n else l.dst)  # into a GPU: its receiving half
+            alphas.append(l.alpha + 1e-300)  # an explicit zero would be no edge
+        g = csr_matrix((alphas, (rows, cols)), shape=(v + n, v + n))
+        return dijkstra(g, directed=True, indices=np.arange(n))[:, v:]
+
+    w = distances(network)
+    same = np.arange(n)[:, None] // topo.gpus_per_node == np.arange(n)[None, :] // topo.gpus_per_node
+    w = np.where(same, w, distances(set()) if network else w)
+    np.fill_diagonal(w, np.inf)
+    return w
 
 
 def bound_for(topo: Topology, demand: Demand) -> Bound:

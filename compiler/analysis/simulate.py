@@ -131,10 +131,27 @@ def _ranks(mask: int) -> list[int]:
     return [r for r in range(mask.bit_length()) if mask >> r & 1]
 
 
+_RECENT: dict = {}  # (ids of transfers, demand, topology; proto) -> (those values, Metrics)
+RECENT = 8  # simulations remembered: auto, realise and compile ask for the same one at up to 1M transfers
+
+
 def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -> Metrics:
     """Time `schedule` on `topology` (as the ideal program of MSCCL protocol `proto`, with the
     profile's runtime costs, compiler/analysis/links.py; alpha-beta alone without one); raise
-    ScheduleError if it is not causal or not complete."""
+    ScheduleError if it is not causal or not complete. The last RECENT results are remembered
+    (by the identity of the frozen values they came from, which the memo keeps alive)."""
+    key = (id(schedule.transfers), id(schedule.demand), id(topology), proto)
+    hit = _RECENT.get(key)
+    if hit is not None:
+        return hit[1]
+    m = _simulate(topology, schedule, proto)
+    if len(_RECENT) >= RECENT:
+        del _RECENT[next(iter(_RECENT))]
+    _RECENT[key] = ((schedule.transfers, schedule.demand, topology), m)
+    return m
+
+
+def _simulate(topology: Topology, schedule: Schedule, proto: str | None) -> Metrics:
     demand, topo = schedule.demand, topology
     costing = Costing.of(topo, proto)
     if demand.ngpus != topo.ngpus:
@@ -156,6 +173,7 @@ def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -
     groups: dict[int, tuple[int, int, dict[int, float]]] = {}  # id -> (chunk, src, link -> start)
     relayed: list[set[int]] = [set() for _ in range(topo.ngpus)]
     starts, ends = [], []
+    costs: dict[tuple[int, ...], tuple[float, float]] = {}  # per path: ideal_transfer's (hold, latency)
 
     for i, t in enumerate(schedule.transfers):
         _check_transfer(i, t, demand, chunk_ids)
@@ -172,7 +190,10 @@ def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -
         start = ready
         for l in take:
             start = max(start, last_take[l], slots[l][0])
-        hold, latency = ideal_transfer(costing, nbytes, bw, alpha, path_kind(topo, ids), nbytes)
+        cost = costs.get(t.path)
+        if cost is None:
+            cost = costs[t.path] = ideal_transfer(costing, nbytes, bw, alpha, path_kind(topo, ids), nbytes)
+        hold, latency = cost
         for l in take:
             heapq.heapreplace(slots[l], start + hold)
             last_take[l] = start

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
+import numpy as np
+
 from compiler.lowering.channels import Move
 from compiler.model.demand import Demand
 from compiler.model.program import Step, ThreadBlock
@@ -390,13 +392,16 @@ class _Emitter:
     """Appends steps to thread blocks and derives their dependencies: a step waits on the last writer
     of every slot it reads and, for a slot it writes, on that slot's last writer and readers in other
     thread blocks (RAW, WAW, WAR). Waits already implied by earlier waits (vector clocks) are
-    dropped; the rest become nops before the step, the step carrying the last one."""
+    dropped; the rest become nops before the step, the step carrying the last one. A clock is a
+    numpy array, never changed once a step's snapshot refers to it (a join makes a new one), and
+    its own entry is not kept in it (a snapshot carries its step index): with a hundred thread
+    blocks and thousands of steps per rank (512 GPUs), a list copied per step was most of lowering."""
 
     def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot]):
         self.tbs = tbs
         ntb = len(tbs)
-        self.known = [[-1] * ntb for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
-        self.snap: dict[tuple[int, int], list[int]] = {}
+        self.known = [np.full(ntb, -1) for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
+        self.snap: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # (tb, step) -> (its clock, the step)
         self.alias = alias
         self.writer: dict[Slot, tuple[int, int]] = {}
         self.readers: dict[Slot, list[tuple[int, int]]] = {}
@@ -433,12 +438,14 @@ class _Emitter:
         depid, depstep = deps[-1] if deps else (-1, -1)
         for d, k in deps:
             self.tbs[d].steps[k].hasdep = True
-            known[:] = [max(a, b) for a, b in zip(known, self.snap[(d, k)])]
+            clock, step = self.snap[(d, k)]
+            known = np.maximum(known, clock)
+            known[d] = max(known[d], step)
+        self.known[tb] = known
         idx = len(steps)
         self.seq += 1
         steps.append(DraftStep(kind, src, dst, 1, depid, depstep, seq=self.seq))
-        known[tb] = idx
-        self.snap[(tb, idx)] = list(known)
+        self.snap[(tb, idx)] = (known, idx)
         for s, orig in zip(reads_n, reads):
             if orig[0] == "i" and s in self.clobbered:
                 self.inplace_ok = False

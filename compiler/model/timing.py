@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 
 from compiler.model.demand import Demand
+from compiler.model.nodesym import node_symmetry
 from compiler.model.topology import Topology
 
 ALPHA_THRESHOLD = 0.1  # alpha below this fraction of an epoch costs no epoch (TE-CCL's theta)
@@ -61,9 +62,14 @@ class TimeExpansion:
         return max(self.window[i] for i in topo.path_links(path))
 
 
+def _senders(topo: Topology) -> range:
+    """The GPUs whose paths stand for all: node 0's where the nodes are symmetric (model/nodesym.py)."""
+    return range(topo.gpus_per_node) if node_symmetry(topo) is not None else range(topo.ngpus)
+
+
 def choose_tau(topo: Topology, chunk_bytes: float) -> float:
     tau = chunk_bytes / topo.fastest_bandwidth
-    alphas = [topo.path_alpha(p) for s in range(topo.ngpus) for d in topo.neighbours(s) for p in topo.paths(s, d)[:1]]
+    alphas = [topo.path_alpha(p) for s in _senders(topo) for d in topo.neighbours(s) for p in topo.paths(s, d)[:1]]
     positive = [a for a in alphas if a > 0]
     if positive and min(positive) / tau > MAX_ALPHA_EPOCHS:
         tau = min(positive) / MAX_ALPHA_EPOCHS
@@ -80,10 +86,15 @@ def expand(topo: Topology, demand: Demand, tau: float | None = None, horizon: in
         window.append(w)
         capacity.append(max(1, math.floor(l.count * w * l.bandwidth * tau / chunk + EPS)))
     arrival = [0] * len(topo.links)
+    sym = node_symmetry(topo)
     for s in range(topo.ngpus):
         for d in topo.neighbours(s):
+            if sym is not None and d >= sym.per:
+                continue  # the links into node 0's GPUs stand for every node's
             for p in topo.paths(s, d):
                 ids = topo.path_links(p)
                 a = max(window[i] for i in ids) + delay_epochs(topo.path_alpha(p), tau)
                 arrival[ids[-1]] = max(arrival[ids[-1]], a)
+    if sym is not None:
+        arrival = [arrival[t] for t in sym.twin]
     return TimeExpansion(tau, chunk, tuple(window), tuple(capacity), tuple(arrival), horizon, reason)

@@ -15,6 +15,29 @@ from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 
 MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minute on two cores
 LP_MAX_FLOWS = 400_000
+SCALE_DELIVERIES = 40_000  # (chunk, destination) pairs beyond which only the hierarchical plan is worth its time
+
+
+def deliveries(demand: Demand) -> int:
+    """Chunk deliveries of the copy demand: every transfer plan moves at least this many chunks."""
+    return sum(1 for c in demand.chunks for d in c.dests if d not in c.sources)
+
+
+def at_scale(topo: Topology, demand: Demand) -> list[str] | None:
+    """Above SCALE_DELIVERIES on several nodes, for a demand with copies: the candidates left out
+    (with why), hier being the one planned; None below that scale. Every transfer plan moves one
+    chunk per delivery and each costs planning, simulating, lowering and timing (Python, per
+    transfer): at 512 GPUs an allgather has 261,632, and a plan that is not planned is not lowered."""
+    n = deliveries(demand)
+    if n <= SCALE_DELIVERIES or topo.nodes < 2 or not any(len(c.dests) > 1 for c in demand.chunks):
+        return None
+    return [f"milp, lp and rounds ({n} chunk deliveries at {topo.ngpus} GPUs; their models grow with "
+            f"deliveries x links x epochs, far beyond what finishes here; above {SCALE_DELIVERIES} deliveries "
+            "auto plans hier, which sends every cross-node byte once per node as the bound asks)",
+            f"direct (one thread block per peer: {topo.ngpus - 1} peers per rank, more thread blocks than a rank "
+            f"can run at once{f' on {topo.sms} SMs' if topo.sms else ''})",
+            f"ring (a {topo.ngpus}-hop pipeline whose chunks cross the network once per node boundary, "
+            "through one NIC per ring: slower than hier at this scale, and as costly to lower)"]
 
 
 def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_source: bool = True) -> int:
@@ -37,6 +60,9 @@ def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_s
 def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
     """(methods to try, reasons for the ones left out)."""
     plan_demand = copy_demand(demand)
+    left_out = at_scale(topo, plan_demand)
+    if left_out is not None:
+        return ["hier"], left_out
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
@@ -207,7 +233,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     deadline = t0 + options.time_limit * BUDGET
     if options.deadline is not None:
         deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
-    search = Search(topo, options, deadline, REFINEMENTS if options.refine else (1,))
+    scale = at_scale(topo, copy_demand(demand))
+    search = Search(topo, options, deadline, REFINEMENTS if options.refine and scale is None else (1,))
+    if scale is not None and options.refine:
+        search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
     for n in range(len(search.refinements)):
         if not search.chunking(demand, n):
             break

@@ -6,6 +6,14 @@ node, which is what the node cut asks for; the fan-out rides the fast intra-node
 Transfers are list-scheduled in the epoch model like the other baselines: cross-node sends first
 (rotating over remote nodes so receivers are spread), then each GPU's own chunk to its node in
 rotating rounds, then the fan-out of what arrived, in order of arrival.
+
+Sending every chunk straight to each remote node gives every GPU one network peer per remote node,
+and one channel holds at most MAX_TBS_PER_CHANNEL thread blocks with a send peer (the fan-out
+needs one per other GPU of the node). Beyond `network_peers` remote nodes the nodes a chunk must
+reach along its rail (half of them forward from its home node, half backward) are cut into
+network_peers // 2 runs of neighbouring nodes each way: the source sends to the first node of each
+run, and each node of a run forwards to the next (same-rail GPUs). A chunk is then at most a run
+deep in hops (each costs a network step), and the network carries the same bytes, once per node.
 """
 
 from __future__ import annotations
@@ -20,6 +28,19 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
 from compiler.planners.options import PlanOptions
+from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
+
+
+CROWDED_CHAINS = 4  # chains each way where the GPUs alone take a quarter of a rank's XML nodes
+
+
+def network_peers(topo: Topology) -> int:
+    """Network peers a GPU may send to: the thread blocks with a send peer one channel holds
+    (MAX_TBS_PER_CHANNEL), less one per other GPU of its node (the fan-out's peers); fewer where
+    the GPUs take a quarter of the XML nodes a rank may have (1 + GPUs + thread blocks + steps
+    <= MAX_NODES: at 1,024 GPUs 24 peers in every channel group left the steps one node short)."""
+    peers = max(2, MAX_TBS_PER_CHANNEL - (topo.gpus_per_node - 1))
+    return min(peers, 2 * CROWDED_CHAINS) if 4 * topo.ngpus >= MAX_NODES else peers
 
 
 @register("hier")
@@ -32,6 +53,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
+    peers = network_peers(topo)
+    ring = nodes - 1 > peers and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
+                                              for c in demand.chunks)
+    length = -(-(nodes // 2) // (peers // 2))  # nodes per chain, peers // 2 chains each way
     cross, local, fanout = [], [], []
     for c in demand.chunks:
         s = c.sources[0]
@@ -47,7 +72,14 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             relay = node * per + s % per
             if relay not in wanted:
                 relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
-            cross.append(((node - home) % nodes, s % per, c.id, s, relay))
+            hops, sender = (node - home) % nodes, s
+            if ring:  # half the nodes forward along the rail, half backward, each half in peers // 2 chains
+                back = hops > nodes // 2
+                k = nodes - hops if back else hops  # distance from home, 1..
+                hops = (k - 1) % length + 1  # place in its chain
+                if hops > 1:  # from the same-rail GPU one node nearer home
+                    sender = (relay + per) % n if back else (relay - per) % n
+            cross.append((hops, s % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     for *_, chunk, a, b in sorted(cross):
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
@@ -57,5 +89,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
         ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
-    return ls.schedule("hier", started, ("hier: each chunk crosses the network once per remote node, "
-                                         "to the same-rail GPU, then fans out inside each node",))
+    how = (f"in {peers // 2} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
+           f"remote nodes are more than the {peers} network peers a GPU has room for)" if ring else "to the same-rail GPU")
+    return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
+                                         "then fans out inside each node",))

@@ -11,7 +11,12 @@ interleaving; whatever is still unfinished then is deadlocked.
 Happens-before for the race check uses vector clocks: program order, dependency edges (the waiter
 joins the target's clock as published) and message edges (the receiver joins the sender's clock as
 sent). Two accesses to one chunk on one rank by different tbs, at least one a write, that are not
-ordered that way are a race.
+ordered that way are a race. Full clocks have one entry per thread block of the program and a join
+per message, which is quadratic in the GPUs (hours at 512 GPUs), so `trace` first runs with local
+clocks: one entry per thread block of the tb's own rank, joined on dependencies only (program order
+and dependencies within a rank, a subset of happens-before). A run without races there has none
+under the full relation either, and nothing else the run finds depends on the clocks; only a run
+that reports a race is repeated with full clocks, whose verdict stands.
 
 `trace(program, inplace, slots)` is the public entry: the findings, the final memory and the order
 in which steps completed (the torch executor runs steps in that order, with slots=UNBOUNDED).
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 from compiler.model.program import SLOTS, Program, ThreadBlock
 from compiler.program.findings import Finding, finding
+from compiler.program.symbols import Sparse
 from compiler.program.semantics import KINDS, Interpreter, connections, layout, publishes, waits
 
 UNBOUNDED = 1 << 62  # connection slots of a transport that buffers without limit (gloo)
@@ -36,18 +42,27 @@ def _ranks(rs: list[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
+DENSE_BITS = 1 << 16  # ranks x input chunks up to which a symbol is one int (else symbols.Sparse)
+
+
 class Encoding:
     """A symbolic chunk value is an int: bit (rank * width + index) set per contribution of input
     chunk i[index] of `rank`. Copies carry one bit; a reduction ORs them (after checking they are
-    disjoint). 0 is data derived from an undefined read; None is memory never written."""
+    disjoint). 0 is data derived from an undefined read; None is memory never written. Beyond
+    DENSE_BITS bits the values are compiler.program.symbols.Sparse, which act as those ints."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, ranks: int = 0):
         self.width = max(width, 1)
+        self.sparse = ranks * self.width > DENSE_BITS
 
-    def bit(self, rank: int, index: int) -> int:
+    def bit(self, rank: int, index: int):
+        if self.sparse:
+            return Sparse({index: 1 << rank})
         return 1 << (rank * self.width + index)
 
-    def contributions(self, v: int) -> list[tuple[int, int]]:
+    def contributions(self, v) -> list[tuple[int, int]]:
+        if isinstance(v, Sparse):
+            return v.contributions()
         out = []
         while v:
             low = v & -v
@@ -99,15 +114,18 @@ class Machine(Interpreter):
     `reduce` (the Interpreter's hooks) act for the thread block `cur` and keep the clocks."""
 
     def __init__(self, p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding,
-                 slots: int | None = None):
+                 slots: int | None = None, full_clocks: bool = True):
         self.p, self.addrs, self.enc = p, addrs, enc
+        self.full = full_clocks  # else local clocks: one entry per tb of the rank, no message edges
         self.tbs: list[_Tb] = []
         self.gidx = {}
+        self.base = []  # per rank: the index of its first tb (a clock entry is g - base without full clocks)
         ntbs = sum(len(g.tbs) for g in p.gpus)
         for g in p.gpus:
+            self.base.append(0 if full_clocks else len(self.tbs))
             for tb in g.tbs:
                 self.gidx[(g.rank, tb.id)] = len(self.tbs)
-                self.tbs.append(_Tb(len(self.tbs), g.rank, tb, ntbs))
+                self.tbs.append(_Tb(len(self.tbs), g.rank, tb, ntbs if full_clocks else len(g.tbs)))
         self.conns = []
         cap = SLOTS[p.proto] if slots is None else slots
         for (a, b, c), (stb, rtb) in sorted(conns.items()):
@@ -159,16 +177,16 @@ class Machine(Interpreter):
 
     # ---- clocks ----
 
-    @staticmethod
-    def join(tb: _Tb, snap):
+    def join(self, tb: _Tb, snap):
         g2, t2, vc2 = snap
+        g2 -= self.base[tb.rank]
         vc = tb.vc if vc2 is tb.vc else tuple(map(max, tb.vc, vc2))
         if vc[g2] < t2:
             vc = vc[:g2] + (t2,) + vc[g2 + 1:]
         tb.vc = vc
 
     def ordered(self, tb: _Tb, rec) -> bool:
-        return rec[0] == tb.g or tb.vc[rec[0]] >= rec[1]
+        return rec[0] == tb.g or tb.vc[rec[0] - self.base[tb.rank]] >= rec[1]
 
     # ---- memory ----
 
@@ -196,8 +214,9 @@ class Machine(Interpreter):
             self.race(tb, buf, off, a, "writes", w, "writes")
         rd = self.reads[a]
         if rd:
+            base = self.base[tb.rank]
             for g, (t, pc) in rd.items():
-                if g != tb.g and tb.vc[g] < t:
+                if g != tb.g and tb.vc[g - base] < t:
                     self.race(tb, buf, off, a, "writes", (g, t, pc), "reads")
                     break
         self.last_w[a] = (tb.g, tb.t, tb.pc)
@@ -306,10 +325,11 @@ class Machine(Interpreter):
                     if recv:
                         x, snap = inc.q.popleft()
                         self.wake(("s", inc.id))
-                        self.join(tb, snap)
+                        if snap is not None:
+                            self.join(tb, snap)
                     y = self.step(st, x, tb.sub, 1)
                     if send:
-                        out.q.append((y, (tb.g, tb.t, tb.vc)))
+                        out.q.append((y, (tb.g, tb.t, tb.vc) if self.full else None))
                         self.wake(("d", out.id))
                     tb.sub += 1
             self.finish_step(tb, st)
@@ -349,7 +369,7 @@ def initial_memory(p: Program, inplace: bool):
     """(addresses, memory size, initial contents, encoding) of a call of `p`: every rank's input
     chunk j holds the symbol of (rank, j)."""
     addrs, n_in, size = addresses(p, inplace)
-    enc = Encoding(max(n_in, default=1))
+    enc = Encoding(max(n_in, default=1), len(addrs))
     init = [(addrs[r]["i"][j], enc.bit(r, j)) for r in range(len(addrs)) for j in range(n_in[r])]
     return addrs, size, init, enc
 
@@ -369,6 +389,10 @@ def trace(p: Program, inplace: bool = False, slots: int | None = None) -> Trace:
     """Runs `p` as one call (in place or not) with `slots` messages in flight per connection
     (default: the protocol's, SLOTS[proto]; UNBOUNDED for a transport that buffers them all)."""
     addrs, size, init, enc = initial_memory(p, inplace)
-    m = Machine(p, connections(p), addrs, size, init, enc, slots)
+    conns = connections(p)
+    m = Machine(p, conns, addrs, size, init, enc, slots, full_clocks=False)
     findings = m.run()
+    if any(f.rule == "race" for f in findings):  # maybe ordered through another rank: judge with full clocks
+        m = Machine(p, conns, addrs, size, init, enc, slots)
+        findings = m.run()
     return Trace(tuple(findings), m.mem, addrs, enc, tuple(m.order))

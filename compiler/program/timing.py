@@ -12,7 +12,7 @@ that lane for bytes / (the lane's share of the payload bandwidth), then costs th
 protocol's step latency, and its data arrives alpha after that. A receive completes when its
 message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
 order, so lanes are granted first come, first served in time order. A program of many iterations
-is timed over its first MAX_ITERATIONS and extrapolated at the steady rate of the last ones, and
+is timed over its first MAX_ITERATIONS (fewer for a program of millions of steps) and extrapolated at the steady rate of the last ones, and
 never faster than its busiest link or thread block gets through the iterations left (the first ones run ahead while a
 congested link still holds the first iteration's data). The
 call pays the protocol's launch once. Connection slot limits are the verifier's business.
@@ -33,6 +33,14 @@ from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
 
 MAX_ITERATIONS = 8  # iterations timed step by step; more are extrapolated
+TIMED_STEPS = 1 << 21  # steps timed at most (over the iterations timed): a large program times fewer, never under 2
+
+
+def timed_iterations(program: Program, iterations: int) -> int:
+    """Iterations to time step by step: up to MAX_ITERATIONS, fewer where the program has so many
+    steps that they would pass TIMED_STEPS (a 1,024-GPU allgather has about two million)."""
+    steps = sum(len(tb.steps) for g in program.gpus for tb in g.tbs)
+    return min(iterations, max(2, min(MAX_ITERATIONS, TIMED_STEPS // max(1, steps))))
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     costing = Costing.of(topo, program.proto if runtime_costs else None)
     chunk = size_bytes / program.nchunksperloop
     iterations = costing.iterations(chunk)
-    timed = min(iterations, MAX_ITERATIONS)
+    timed = timed_iterations(program, iterations)
     by_tb: dict | None = {} if per_tb is not None else None
     busiest: list[float] = []
     finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb, busiest)

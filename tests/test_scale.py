@@ -1,0 +1,68 @@
+"""What makes large clusters tractable, checked on small ones: auto's scale rule, node symmetry
+(the same tables as all pairs), and the whole pipeline where the symmetric tables are used.
+Cluster-size timings are benchmarks/scale.py's."""
+
+import numpy as np
+import pytest
+
+from compiler.analysis import bounds
+from compiler.model import nodesym
+from compiler.model.demand import make_demand
+from compiler.model.timing import expand
+from compiler.pipeline import CompileOptions, compile
+from compiler.planners import PlanOptions, auto, plan
+
+GB = 10**9
+
+
+def test_auto_at_scale_plans_hier_only_and_says_why(topo, monkeypatch):
+    monkeypatch.setattr(auto, "SCALE_DELIVERIES", 100)
+    t = topo("dgx-h100", 2)
+    s = plan(t, make_demand("allgather", t.ngpus, GB), PlanOptions(method="auto", refine=True))
+    assert s.planner == "hier"
+    left_out = next(n for n in s.notes if n.startswith("left out:"))
+    for why in ("milp, lp and rounds (240 chunk deliveries", "direct (one thread block per peer", "ring (a 16-hop",
+                "finer chunks"):
+        assert why in left_out
+
+
+def test_auto_below_scale_is_unchanged(topo):
+    t = topo("dgx-h100", 2)
+    assert auto.at_scale(t, make_demand("allgather", t.ngpus, GB)) is None
+    assert auto.at_scale(topo("dgx-h100", 1), make_demand("allgather", 8, GB)) is None
+
+
+@pytest.mark.parametrize("name,nodes", [("dgx-h100", 2), ("dgx-a100", 2), ("dgx2", 2)])
+def test_node_symmetry_gives_the_all_pairs_tables(topo, monkeypatch, name, nodes):
+    t = topo(name, nodes)
+    d = make_demand("allgather", t.ngpus, GB)
+    monkeypatch.setattr(nodesym, "MIN_GPUS", 10**9)
+    want = (bounds.alpha_distances(t), expand(t, d), bounds.cut_bound(t, bounds.Traffic.of(d)),
+            bounds.group_bound(t, bounds.Traffic.of(d)))
+    monkeypatch.setattr(nodesym, "MIN_GPUS", 1)
+    nodesym._node_symmetry.cache_clear()
+    assert nodesym.node_symmetry(t) is not None
+    got = (bounds.alpha_distances(t), expand(t, d), bounds.cut_bound(t, bounds.Traffic.of(d)),
+           bounds.group_bound(t, bounds.Traffic.of(d)))
+    assert np.array_equal(got[0], want[0]) and got[1:] == want[1:]
+    nodesym._node_symmetry.cache_clear()
+
+
+def test_a_topology_with_unequal_nodes_is_not_node_symmetric(topo, monkeypatch):
+    from dataclasses import replace
+    t = topo("dgx-h100", 2)
+    links = list(t.links)
+    i = next(k for k, l in enumerate(links) if l.src == t.gpus_per_node and not t.is_gpu(l.dst))
+    links[i] = replace(links[i], bandwidth=links[i].bandwidth / 2)  # one GPU of node 1 with a slower port
+    monkeypatch.setattr(nodesym, "MIN_GPUS", 1)
+    assert nodesym.node_symmetry(replace(t, links=tuple(links))) is None
+    nodesym._node_symmetry.cache_clear()
+
+
+@pytest.mark.parametrize("coll", ["allgather", "reduce_scatter"])
+def test_pipeline_on_64_gpus_writes_a_verified_program(topo, coll):
+    """dgx-h100 x 8: node symmetry on (>= 64 GPUs); hier planned, lowered, verified and timed."""
+    t = topo("dgx-h100", 8)
+    r = compile(t, make_demand(coll, t.ngpus, GB), CompileOptions(PlanOptions(method="hier"), runtime="executor"))
+    assert r.verdict.ok and r.program.ngpus == 64
+    assert 0 < r.bound_ratio <= r.planned.bound_ratio * (1 + 1e-9) <= 1 + 1e-9
