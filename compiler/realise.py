@@ -6,8 +6,10 @@ fastest (the planned time is the ideal program's; this is what lowering achieves
 
 Protocols: the one asked for, or (`auto`) every protocol the profile enables (one that is BEHIND
 times slower than the best at some number of instances is not lowered with more). Instances: the
-number asked for, or (`auto`) 1, 2, 4, ... and each GPU link's lanes + 1 (`saturating_counts`), in
-order, while a step still pays or the one after it does (more instances give a transfer more
+number asked for, or (`auto`) 1, then the count that saturates the widest GPU link (its lanes + 1,
+`saturating_counts`: the likeliest winner for large transfers, so a tight time limit still reaches
+it), then 2, 4, ... and the other saturating counts (`instance_order`), while a step still pays or
+the one after it does (more instances give a transfer more
 thread blocks where its link needs lanes to reach its bandwidth under the per-thread-block cap,
 compiler/lowering/channels.lane_widths; a step that splits chunks without filling a link can lose
 what the next one gains), and while the runtimes' limits allow it; each number of instances
@@ -103,17 +105,17 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = None
     misses = 0
-    saturating = saturating_counts(topology, protos)
     while counts:
         k = counts.pop()
         began = time.perf_counter()
         try:
             timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at, ideal)
         except CompileError as e:
-            if best is None or fixed:
+            if fixed or (best is None and not any(c < k for c in counts)):
                 raise
-            stopped = f"{k} would not fit ({e})"
-            break
+            stopped = stopped or f"{k} would not fit ({e})"
+            counts = [c for c in counts if c < k]  # more would not fit either
+            continue
         if k > 1 and time.perf_counter() + (time.perf_counter() - began) < stop_at:
             _keep_faster(timed, schedule, topology, replace(base, instances=k, fit_lanes=False), stop_at)
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
@@ -122,12 +124,25 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + 1
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
-        following = min([2 * k] + [c for c in saturating if c > k])
-        took = (time.perf_counter() - began) * following / k  # lowering grows with the instances
-        if not fixed and misses < PATIENCE and following <= MAX_INSTANCES and time.perf_counter() + took < stop_at:
-            counts.append(following)
+        if not fixed and k == 1:  # the rest, first the count that saturates the fastest protocol's links
+            counts = instance_order(saturating_counts(topology, (p,)), saturating_counts(topology, protos))[::-1]
+        if not counts or misses >= PATIENCE:
+            break
+        took = (time.perf_counter() - began) * counts[-1] / k  # lowering grows with the instances
+        if time.perf_counter() + took >= stop_at:
+            stopped = stopped or f"the time limit stopped the search before {counts[-1]}"
+            break
     _, p, k, program, timing = best
     return Realisation(program, timing, k, tuple(tried), stopped)
+
+
+def instance_order(first: set[int], others: set[int]) -> list[int]:
+    """The instances tried after 1, in order: the count that saturates the widest GPU link under
+    the fastest protocol so far (from `first`; the likeliest winner for a large transfer, tried
+    early so a tight time limit still reaches it), then the doublings and the other saturating counts."""
+    lead = max((c for c in first if 1 < c <= MAX_INSTANCES), default=2)
+    rest = sorted({2 ** i for i in range(1, 6)} | {c for c in others if 1 < c <= MAX_INSTANCES})
+    return [lead] + [c for c in rest if c != lead]
 
 
 def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
