@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from compiler.analysis.bounds import busbw, lower_bound
-from compiler.analysis.crossovers import crossover_bands
+from compiler.analysis.crossovers import Band, crossover_bands
 from compiler.analysis.simulate import Metrics, program_floor, simulate
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand, demand_chunks, make_demand
@@ -24,7 +24,7 @@ from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
-from compiler.program.timing import ProgramTiming, time_program
+from compiler.program.timing import ProgramTiming
 from compiler.realise import Realisation, protocols, realise
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
@@ -280,13 +280,12 @@ def _banded(topo: Topology, coll: str, planned: list[Result], options: LibraryOp
         yield name, banded, manifest_entry(name, coll, banded, planned, band)
 
 
-def manifest_entry(name: str, coll: str, result: Result, planned: list[Result], band) -> dict:
+def manifest_entry(name: str, coll: str, result: Result, planned: list[Result], band: Band) -> dict:
     """A band's figures are its program's at the band's middle (protocol and instances chosen by the
-    cost model), the runner-up's there beside them, and the plan's at the size it was planned for."""
+    cost model), the runner-up's there beside them (both as crossover_bands timed them), and the
+    plan's at the size it was planned for."""
     s, m, p, topo = result.schedule, result.planned, result.program, result.topology
-    a, b = band.lo, band.hi
-    mid = int(math.sqrt(a * b))
-    t = time_program(p, topo, mid).finish_time_s
+    a, b, mid, t = band.lo, band.hi, band.at, band.time_s
     bound = program_floor(topo, lower_bound(topo, coll, mid))
     entry = {"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "at_bytes": mid,
              "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": p.proto,
@@ -297,8 +296,7 @@ def manifest_entry(name: str, coll: str, result: Result, planned: list[Result], 
              "why": list(result.notes[:2]) + list(result.realisation.notes()[:1]),
              "inplace": p.inplace, "outofplace": p.outofplace}
     if band.runner_up is not None:
-        other = planned[band.runner_up]
-        t2 = time_program(other.program, topo, mid).finish_time_s
+        other, t2 = planned[band.runner_up], band.runner_up_s
         entry["runner_up"] = {"method": other.schedule.planner, "chunks": other.schedule.demand.chunks_per_rank,
                               "proto": other.program.proto, "instances": other.realisation.instances,
                               "planned_at_bytes": other.schedule.demand.size_bytes, "time_s": t2,

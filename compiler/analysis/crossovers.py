@@ -5,8 +5,9 @@ A library first plans one program per coarse band; every program runs at any siz
 is then given to whichever of them the program timer says is fastest there. `crossover_bands`
 times the programs on a grid of sizes (factor 2), merges neighbouring grid points with the same
 winner into one band, and places each edge at the crossover found by bisection (to whole
-elements) between the two grid points around it. A program that wins nowhere gets no band. Near-ties do not cut bands: a band's program keeps a
-size unless another is more than 1 % faster there (no sliver bands where two programs run level).
+elements) between the two grid points around it. A program that wins nowhere gets no band.
+Near-ties do not cut bands: a band's program keeps a size unless another is more than 1 % faster
+there (no sliver bands where two programs run level).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Band:
     hi: int  # inclusive
     program: int  # index of the fastest program
     runner_up: int | None  # the program fastest after it at the band's middle (None: only one)
+    at: int = 0  # the band's middle (geometric), where the times below are taken
+    time_s: float = 0.0  # the program's time there
+    runner_up_s: float | None = None  # the runner-up's time there
 
 
 def size_grid(lo: int, hi: int, factor: int = GRID_FACTOR) -> list[int]:
@@ -64,16 +68,16 @@ def crossover_bands(programs: Sequence[Program], topo: Topology, lo: int, hi: in
                                    or time_of(owners[-1], size) > HYSTERESIS * time_of(best, size)):
             edges.append(_crossover(time_of, owners[-1], best, grid[k - 1], grid[k], grain))
             owners.append(best)
+    spans = [(start, edges[n + 1] - 1 if n + 1 < len(edges) else hi, owner)
+             for n, (start, owner) in enumerate(zip(edges, owners))]
     bands = []
-    for n, (start, owner) in enumerate(zip(edges, owners)):
-        end = edges[n + 1] - 1 if n + 1 < len(edges) else hi
-        if end < start:
-            continue
-        mid = int(math.sqrt(start * end))
-        order = ranked(max(start, min(end, mid)))
-        others = [i for i in order if i != owner]
-        bands.append(Band(start, end, owner, others[0] if others else None))
-    return _merged(bands)
+    for start, end, owner in _merged([s for s in spans if s[1] >= s[0]]):
+        mid = max(start, min(end, int(math.sqrt(start * end))))
+        others = [i for i in ranked(mid) if i != owner]
+        runner = others[0] if others else None
+        bands.append(Band(start, end, owner, runner, mid, time_of(owner, mid),
+                          time_of(runner, mid) if runner is not None else None))
+    return bands
 
 
 def _crossover(time_of, before: int, after: int, a: int, b: int, grain: int) -> int:
@@ -89,15 +93,12 @@ def _crossover(time_of, before: int, after: int, a: int, b: int, grain: int) -> 
     return min(b, max(a + 1, hi * grain))
 
 
-def _round_up(x: float, grain: int) -> int:
-    return max(grain, math.ceil(x / grain - 1e-9) * grain)
-
-
-def _merged(bands: list[Band]) -> list[Band]:
-    out: list[Band] = []
-    for band in bands:
-        if out and out[-1].program == band.program and out[-1].hi + 1 == band.lo:
-            out[-1] = Band(out[-1].lo, band.hi, band.program, out[-1].runner_up)
+def _merged(spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(lo, hi, program) spans with neighbours of one program joined."""
+    out: list[tuple[int, int, int]] = []
+    for lo, hi, owner in spans:
+        if out and out[-1][2] == owner and out[-1][1] + 1 == lo:
+            out[-1] = (out[-1][0], hi, owner)
         else:
-            out.append(band)
+            out.append((lo, hi, owner))
     return out
