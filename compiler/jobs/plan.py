@@ -40,8 +40,9 @@ from compiler.pipeline import CompileOptions, Result, compile
 from compiler.planners import PlanOptions
 from compiler.program.timing import call_bytes
 from compiler.program.verify import verify
+from compiler.realise import aimed_runtime
 from compiler.specs.errors import CompileError
-from compiler.specs.runtimes import ALL, target_runtimes
+from compiler.specs.runtimes import ALL
 
 ALONE_SHARE = 0.45  # of the time limit for planning the jobs alone; the candidates take the rest
 MAX_ORDERS = 6  # priority orders tried (every order for up to 3 jobs)
@@ -170,8 +171,7 @@ def _lower_gated(job: JobSpec, view: JobView, schedule: Schedule, gates_for, opt
     """The re-timed schedule lowered, gated and verified; the alone program where that fails."""
     try:
         where: dict = {}
-        runtimes = target_runtimes(schedule.demand.collective, options.runtime, view.topology.vendor)
-        aimed = runtimes[0] if len(runtimes) == 1 else options.runtime
+        aimed = aimed_runtime(schedule, options.runtime, view.topology.vendor)
         program = lower(schedule, view.topology, LowerOptions(proto=options.proto, runtime=aimed), where)
         gates = gates_for(where)
         gated = apply_gates(program, gates)
