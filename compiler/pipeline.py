@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from compiler.analysis.bounds import busbw, lower_bound
 from compiler.analysis.crossovers import Band, crossover_bands
-from compiler.analysis.simulate import Metrics, program_floor, simulate
+from compiler.analysis.simulate import Metrics, bound_of, program_floor, simulate
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand, demand_chunks, make_demand
 from compiler.model.program import AUTO, Program
@@ -151,7 +151,8 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
 
 def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict) -> float:
     """The time of the program `schedule` realises (raises CompileError if none fits the runtimes)."""
-    r = realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
+    r = realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
+                enough_time(topology, schedule, options.plan.good_enough))
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
 
@@ -166,7 +167,8 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
                       key=lambda m: m.finish_time_s)  # the ideal program of the best protocol
         result = Result(topology, schedule, planned, options.runtime)
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
-    r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline)
+    r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
+                            enough_time(topology, schedule, options.plan.good_enough))
     program = r.program
     runtimes = target_runtimes(schedule.demand.collective, options.runtime, topology.vendor)
     verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)
@@ -177,6 +179,15 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
     path = options.output or default_xml_name(schedule.demand, topology)
     return Result(topology, schedule, planned, options.runtime, program, r.timing, verdict, runtimes,
                   xml_files(program, path, options.runtime, runtimes), realisation=r)
+
+
+def enough_time(topology: Topology, schedule: Schedule, good_enough: float) -> float | None:
+    """The program time at which no other program could gain more than 1 - good_enough: the
+    program floor (what any program pays at least) over good_enough; None where the search is to
+    use its whole time (good_enough of 1 or more)."""
+    if good_enough >= 1:
+        return None
+    return program_floor(topology, bound_of(topology, schedule.demand)) / good_enough
 
 
 def xml_files(program: Program, path: str, runtime: str, runtimes: tuple[str, ...]) -> tuple[XmlFile, ...]:

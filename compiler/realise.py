@@ -52,6 +52,7 @@ class Realisation:
     instances: int
     tried: tuple[tuple[str, int, float], ...]  # (proto, instances, program time) of every program timed
     stopped: str | None = None  # why the instances stopped doubling, where a limit stopped them
+    enough: str | None = None  # where the search stopped early because a program was good enough
 
     def notes(self) -> tuple[str, ...]:
         """The choice and the runner-up, as the summary prints them."""
@@ -64,7 +65,8 @@ class Realisation:
         line = f"program: {p} with {k} instance{'s' if k > 1 else ''} ({best * 1e6:.1f} us)"
         if runner is not None:
             line += f"; runner-up {runner[0]} with {runner[1]} ({runner[2] * 1e6:.1f} us, {runner[2] / best:.2f}x)"
-        return (line,) + ((f"instances: {self.stopped}",) if self.stopped else ())
+        return (line,) + ((f"instances: {self.stopped}",) if self.stopped else ()) \
+            + ((f"instances: stopped early, {self.enough}",) if self.enough else ())
 
 
 def protocols(topology: Topology, proto: str) -> tuple[str, ...]:
@@ -88,7 +90,8 @@ def aimed_runtime(schedule: Schedule, runtime: str, vendor: str | None = None) -
 
 
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
-            deadline: float | None = None) -> Realisation:
+            deadline: float | None = None, enough_s: float | None = None) -> Realisation:
+    """enough_s: a program time at which the search stops (no other can gain what is left to the bound)."""
     t0 = time.perf_counter()
     stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
     protos = protocols(topology, options.proto)
@@ -103,20 +106,21 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     counts = [options.instances] if fixed else [1]
     tried: list[tuple[str, int, float]] = []
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
-    stopped = None
+    stopped = enough = None
     misses = 0
     while counts:
         k = counts.pop()
         began = time.perf_counter()
         try:
-            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at, ideal)
+            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at, ideal, enough_s)
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
                 raise
             stopped = stopped or f"{k} would not fit ({e})"
             counts = [c for c in counts if c < k]  # more would not fit either
             continue
-        if k > 1 and time.perf_counter() + (time.perf_counter() - began) < stop_at:
+        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        if k > 1 and not reached and time.perf_counter() + (time.perf_counter() - began) < stop_at:
             _keep_faster(timed, schedule, topology, replace(base, instances=k, fit_lanes=False), stop_at)
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
@@ -126,6 +130,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             best = (timing.finish_time_s, p, k, prog, timing)
         if not fixed and k == 1:  # the rest, first the count that saturates the fastest protocol's links
             counts = instance_order(saturating_counts(topology, (p,)), saturating_counts(topology, protos))[::-1]
+        if reached and counts:
+            enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"
+            break
         if not counts or misses >= PATIENCE:
             break
         took = (time.perf_counter() - began) * counts[-1] / k  # lowering grows with the instances
@@ -133,7 +140,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             stopped = stopped or f"the time limit stopped the search before {counts[-1]}"
             break
     _, p, k, program, timing = best
-    return Realisation(program, timing, k, tuple(tried), stopped)
+    return Realisation(program, timing, k, tuple(tried), stopped, enough)
 
 
 def instance_order(first: set[int], others: set[int]) -> list[int]:
@@ -171,7 +178,8 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
-              stop_at: float, ideal: dict[str, float] | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
+              stop_at: float, ideal: dict[str, float] | None = None,
+              enough_s: float | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
@@ -188,4 +196,6 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
             lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
         program = replace(lowered[SLOTS[p]], proto=p)
         out[p] = (program, time_program(program, topology, size_of(schedule, program)))
+        if enough_s is not None and out[p][1].finish_time_s <= enough_s:
+            break
     return out

@@ -86,3 +86,18 @@ def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):
     s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=20, judge=judge))
     assert refused and s.planner != "direct"
     assert any("cannot be written" in n and "99 thread blocks" in n for n in s.notes)
+
+
+def test_auto_stops_once_a_program_is_good_enough(topo):
+    t = topo("fully-connected:4")
+    demand = make_demand("allgather", 4, 100 * 10**6)
+    quick = compile(t, demand, CompileOptions(PlanOptions(time_limit=10, refine=True, good_enough=0.9)))
+    full = compile(t, demand, CompileOptions(PlanOptions(time_limit=10, refine=True, good_enough=1.0)))
+    floor = quick.planned.lower_bound_s
+    # the program timer, not the planner, says the stop was earned: within 0.9 of the floor
+    assert floor / time_program(quick.program, t, demand.size_bytes).finish_time_s >= 0.9
+    assert any("left out: the optimisers" in n and "--good-enough 0.9" in n for n in quick.notes)
+    assert not any("the optimisers" in n or "stopped early" in n for n in full.notes)
+    # the whole search can only do as well or better, and the early stop gave up less than the rest
+    assert full.time_s <= quick.time_s * (1 + 1e-9)
+    assert quick.time_s <= floor / 0.9

@@ -93,6 +93,7 @@ GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
 BASELINES = ("direct", "ring")  # cheap: planned even when a candidate is good enough, if programs are judged
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
+CONSTRUCTIVE = ("direct", "ring", "hier")  # built, not solved: planned at every chunking before any optimiser
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Candidate:
     schedule: Schedule
     bound_ratio: float
     program_s: float | None = None  # the time of the program it realises, where judged
+    floor_s: float = 0.0  # the program floor (lower bound plus what every program pays)
 
     @property
     def time_s(self) -> float:
@@ -120,6 +122,8 @@ class Search:
     results: list[Candidate] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) planned so far
+    enough: str | None = None  # the judged program that ended the search, where one did
 
     def good_enough(self) -> bool:
         return bool(self.results) and self.best_ratio() >= GOOD_ENOUGH
@@ -127,26 +131,33 @@ class Search:
     def best_ratio(self) -> float:
         return max(c.bound_ratio for c in self.results)
 
-    def chunking(self, demand: Demand, n: int) -> bool:
-        """Plan the candidates with the n-th refinement's sub-chunks; False where no finer
-        chunking is worth trying (one already reaches the bound, or chunks would split elements)."""
+    def chunking(self, demand: Demand, n: int, only: tuple[str, ...] | None = None) -> bool:
+        """Plan the candidates with the n-th refinement's sub-chunks (of `only`, where given); False
+        where no finer chunking is worth trying (one already reaches the bound, or chunks would split
+        elements)."""
         parts, options = self.refinements[n], self.options
+        say = self.skipped.append if only is None else (lambda _: None)  # the full pass says what it leaves out
+        if self.enough:
+            return False
         if self.good_enough():
-            self.skipped.append(f"finer chunks (already {self.best_ratio():.3f} of the bound)")
+            say(f"finer chunks (already {self.best_ratio():.3f} of the bound)")
             return False
         refine = Refine(parts)
         (fine,), inverse = refine.apply(Problem(self.topo, demand, options))
         d = fine.demand
         if d.chunk_bytes % options.element_bytes:
-            self.skipped.append(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte "
-                                "elements)")
+            say(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte elements)")
             return False
         methods, left_out = candidates(self.topo, d, options)
         if parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
             if not any(m in ("milp", "lp", "rounds") for m in methods):
                 methods = [m for m in methods if m == "ring"]
-        self.skipped += [f"{x} at {parts}x" for x in left_out] if parts > 1 else left_out
+        for x in left_out:
+            say(f"{x} at {parts}x" if parts > 1 else x)
+        if only is not None:
+            methods = [m for m in methods if m in only]
+        methods = [m for m in methods if (parts, m) not in self.planned]
         for method in methods:  # a failing milp may append rounds to `methods`
             self.candidate(d, refine, inverse, method, methods, n)
         return True
@@ -180,7 +191,30 @@ class Search:
                 methods.append("rounds")  # the exact model was too big for its share: solve it in windows
             return
         m = min((simulate(self.topo, s, p) for p in protocol_names(self.topo)), key=lambda x: x.finish_time_s)
-        self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio))
+        self.planned.add((parts, method))
+        self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
+
+    def constructive(self, demand: Demand) -> None:
+        """Plan the constructive methods at every chunking (each in well under a second) and judge
+        the best of them whose plan reaches good_enough: if its program does too, no optimiser can
+        gain what is left, and the search ends."""
+        for n in range(len(self.refinements)):
+            if not self.chunking(demand, n, only=CONSTRUCTIVE):
+                break
+        ratio = self.options.good_enough
+        best = min((c for c in self.results if c.bound_ratio >= ratio), key=lambda c: c.finish_time_s, default=None)
+        if best is None:
+            return
+        self.results.remove(best)
+        try:
+            best = replace(best, program_s=self.options.judge(best.schedule))
+        except CompileError as e:
+            self.failed.append(f"{best.method} at {best.parts}x cannot be written: {e}")
+            return
+        self.results.append(best)
+        if best.floor_s / best.program_s >= ratio:
+            self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
+                           f"{best.floor_s / best.program_s:.3f} of the bound; --good-enough {ratio:g})")
 
     def why(self, demand: Demand) -> list[str]:
         """The notes that explain the choice: the ranking, what was left out, what failed."""
@@ -203,14 +237,20 @@ class Search:
         return why
 
 
-def judge(search: Search, judge_program, deadline: float | None) -> None:
+def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0) -> None:
     """Realise the best planned candidates, in planned order, until JUDGED have programs (one
-    once the deadline has passed); a candidate whose program does not fit the runtimes is dropped
-    (with why); the programs rank first, in their time."""
-    judged, kept = 0, []
+    once the deadline has passed, none more once one reaches good_enough of the program floor); a
+    candidate whose program does not fit the runtimes is dropped (with why); the programs rank
+    first, in their time."""
+    enough = lambda: any(c.program_s is not None and c.floor_s >= good_enough * c.program_s  # noqa: E731
+                         for c in kept)
+    kept = [c for c in search.results if c.program_s is not None]
+    judged = len(kept)
     for c in search.results:
+        if c.program_s is not None:
+            continue
         late = deadline is not None and time.perf_counter() > deadline
-        if judged == JUDGED or (judged and late):
+        if judged == JUDGED or (judged and (late or enough())):
             kept.append(c)
             continue
         try:
@@ -237,6 +277,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     search = Search(topo, options, deadline, REFINEMENTS if options.refine and scale is None else (1,))
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
+    if options.judge is not None and options.good_enough < 1:
+        search.constructive(demand)
+    if search.enough:
+        search.skipped += [search.enough] + (scale or [])
     for n in range(len(search.refinements)):
         if not search.chunking(demand, n):
             break
@@ -244,6 +288,6 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
     if options.judge is not None:
-        judge(search, options.judge, options.judge_until or options.deadline)
+        judge(search, options.judge, options.judge_until or options.deadline, options.good_enough)
     best = search.results[0].schedule
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)

@@ -29,6 +29,9 @@ def configure(p, name: str) -> None:
                    help="seconds for planning (default 60)")
     p.add_argument("--gap", type=non_negative_float, default=1e-4, metavar="G",
                    help="relative MIP gap to stop at (default 1e-4)")
+    p.add_argument("--good-enough", type=non_negative_float, default=0.98, metavar="R",
+                   help="stop searching once a written program reaches this share of the lower bound: no other "
+                        "could gain more than the rest (default 0.98; 1 uses the whole time limit)")
     p.add_argument("--max-horizon", type=positive_int, default=None, metavar="K",
                    help="cap on epochs (the horizon is otherwise found from the lower bound)")
     p.add_argument("--multicast", action="store_true",
@@ -193,6 +196,7 @@ def whole_elements(demand, dtype: str, size: int) -> int:
 def plan_options(args):
     from compiler.planners import PlanOptions
     return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
+                       good_enough=args.good_enough,
                        multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
                        element_bytes=DTYPE_BYTES[args.dtype],
                        progress=Progress(sys.stderr.isatty() and not args.verbose))
