@@ -7,15 +7,18 @@ fastest (the planned time is the ideal program's; this is what lowering achieves
 Protocols: the one asked for, or (`auto`) every protocol the profile enables (one that is BEHIND
 times slower than the best at some number of instances is not lowered with more). Instances: the
 number asked for, or (`auto`) 1, then the count that saturates the widest GPU link (its lanes + 1,
-`saturating_counts`: the likeliest winner for large transfers, so a tight time limit still reaches
-it), then 2, 4, ... and the other saturating counts (`instance_order`), while a step still pays or
-the one after it does (more instances give a transfer more
-thread blocks where its link needs lanes to reach its bandwidth under the per-thread-block cap,
-compiler/lowering/channels.lane_widths; a step that splits chunks without filling a link can lose
-what the next one gains), and while the runtimes' limits allow it; each number of instances
-with lane-aware placement and, where it fits and time allows, with every instance on its own
-channel (LowerOptions.fit_lanes); a limit that stops the search
-is noted, never an error unless no program at all fits. One lowering serves every protocol with
+`saturating_counts`: the likeliest winner for large transfers), the counts that saturate the
+other GPU links, largest first (the next likeliest where the first needs more thread blocks than
+fit), then 2, 4, ... (`instance_order`). More instances give a transfer more thread blocks where
+its link needs lanes to reach its bandwidth under the per-thread-block cap
+(compiler/lowering/channels.lane_widths). The search goes on while a count still pays or the one
+after it does (a step that splits chunks without filling a link can lose what the next one
+gains) and while the runtimes' limits allow it; a count whose lowering would not finish in time
+is passed over (a smaller one may still fit); it ends once a program is within `enough_s` (the
+pipeline's --good-enough share of the program floor: no other could gain more than the rest).
+Each count is lowered with lane-aware placement and, where it fits and time allows, with every
+instance on its own channel (LowerOptions.fit_lanes). A limit that stops the search is noted,
+never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
 
@@ -40,8 +43,8 @@ MAX_INSTANCES = 32
 PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
-SEARCH_SECONDS = 20.0  # wall time after which no further doubling is tried
-LARGE_PROGRAM = 200_000  # transfers from which a protocol whose ideal program is no faster than a program
+SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
+LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed (it cannot win; below this every protocol is timed for the notes)
 
 
@@ -128,16 +131,20 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + 1
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
-        if not fixed and k == 1:  # the rest, first the count that saturates the fastest protocol's links
+        if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             counts = instance_order(saturating_counts(topology, (p,)), saturating_counts(topology, protos))[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"
             break
         if not counts or misses >= PATIENCE:
             break
-        took = (time.perf_counter() - began) * counts[-1] / k  # lowering grows with the instances
-        if time.perf_counter() + took >= stop_at:
-            stopped = stopped or f"the time limit stopped the search before {counts[-1]}"
+        # lowering and timing grow with the instances and the protocols still in the race
+        per = (time.perf_counter() - began) / (k * len(timed)) * len(protos)
+        late = [c for c in counts if time.perf_counter() + per * c >= stop_at]
+        if late:  # a count that would not finish in time is passed over; a smaller one may still pay
+            stopped = stopped or f"the time limit left out {', '.join(map(str, sorted(late)))}"
+            counts = [c for c in counts if c not in late]
+        if not counts:
             break
     _, p, k, program, timing = best
     return Realisation(program, timing, k, tuple(tried), stopped, enough)
@@ -146,10 +153,12 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
 def instance_order(first: set[int], others: set[int]) -> list[int]:
     """The instances tried after 1, in order: the count that saturates the widest GPU link under
     the fastest protocol so far (from `first`; the likeliest winner for a large transfer, tried
-    early so a tight time limit still reaches it), then the doublings and the other saturating counts."""
-    lead = max((c for c in first if 1 < c <= MAX_INSTANCES), default=2)
+    early so a tight time limit still reaches it), that protocol's counts for its other GPU links,
+    largest first (the next likeliest where the first needs more thread blocks than fit), then the
+    doublings and the other protocols' saturating counts."""
+    mine = sorted((c for c in first if 1 < c <= MAX_INSTANCES), reverse=True) or [2]
     rest = sorted({2 ** i for i in range(1, 6)} | {c for c in others if 1 < c <= MAX_INSTANCES})
-    return [lead] + [c for c in rest if c != lead]
+    return mine + [c for c in rest if c not in mine]
 
 
 def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:

@@ -11,7 +11,7 @@ from compiler.model.demand import Chunk, Demand
 from compiler.model.schedule import Schedule, Transfer
 from compiler.program.timing import time_program
 from compiler.program.verify import verify
-from compiler.realise import realise, saturating_counts
+from compiler.realise import instance_order, realise, saturating_counts
 
 MB = 1 << 20
 
@@ -82,3 +82,16 @@ def test_slow_receives_share_a_thread_block_only_with_sends_that_would_not_wait(
     assert (8, 8, 0) in paired and len(paired) == 2
     other = pair_thread_blocks(sends, recvs, {}, slow, lambda chan, d, r: d == 8)
     assert (9, 8, 0) in other and len(other) == 2
+
+
+def test_every_gpu_link_s_saturating_count_comes_before_the_doublings(topo):
+    """Where the NVSwitch port's count (lanes + 1) needs more thread blocks than fit, the NIC's
+    is the next likeliest winner: it is tried before 2, 4, ... so a tight time limit reaches it."""
+    t = topo("dgx-a100", 2)
+    cost = t.costs.protocol("Simple")
+    port = max(l.bandwidth for l in t.links if t.is_gpu(l.src) and l.kind != "network")
+    nic = max(l.bandwidth for l in t.links if t.is_gpu(l.src) and l.kind == "network")
+    counts = {int(port / cost.tb_rate("nvlink") + 1e-9) + 1, int(nic / cost.tb_rate("network") + 1e-9) + 1}
+    assert saturating_counts(t, ("Simple",)) == counts
+    order = instance_order(counts, counts)
+    assert order[:2] == sorted(counts, reverse=True) and order[2:4] == [2, 4]

@@ -65,4 +65,6 @@ def test_pipeline_on_64_gpus_writes_a_verified_program(topo, coll):
     t = topo("dgx-h100", 8)
     r = compile(t, make_demand(coll, t.ngpus, GB), CompileOptions(PlanOptions(method="hier"), runtime="executor"))
     assert r.verdict.ok and r.program.ngpus == 64
-    assert 0 < r.bound_ratio <= r.planned.bound_ratio * (1 + 1e-9) <= 1 + 1e-9
+    # no program beats the bound; it may beat its schedule's ideal program, which moves whole
+    # chunks where instances cut each into pieces that pipeline across hops
+    assert 0 < r.bound_ratio <= 1 + 1e-9 and 0 < r.planned.bound_ratio <= 1 + 1e-9
