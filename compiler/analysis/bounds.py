@@ -12,7 +12,9 @@ receive what each of them lacks, through their own in-links, at no more than the
 This is where a shared NIC counts once, not once per GPU.
 
 Latency: every pair that must communicate pays at least the cheapest chain of transfers between
-them, and the last byte of the bandwidth-bound phase is delivered at least one alpha later.
+them, and the last byte of the bandwidth-bound phase is delivered at least one alpha later. Under
+the runtime cost model every transfer of the chain also pays its step latency (`chains_s`, per
+protocol; analysis/links.runtime_floor makes the program floor of it).
 AllReduce with point-to-point algorithms = reduce-scatter + allgather (hardware.md §3.1).
 """
 
@@ -44,13 +46,20 @@ class Bound:
     alpha_s: float
     binding: str  # the constraint that sets bandwidth_s
     method: str  # "exhaustive cuts" or "structured cuts"
+    # per protocol of the runtime cost model: the latency bound where every transfer of a chain
+    # also pays its step latency (by the kind of link it crosses); empty without runtime costs
+    chains_s: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Bound":
-        return cls(**d)
+        return cls(**{**d, "chains_s": tuple((p, t) for p, t in d.get("chains_s", ()))})
+
+    def chain_s(self, proto: str) -> float:
+        """The latency bound of programs of `proto` (latency_s where no costs apply)."""
+        return dict(self.chains_s).get(proto, self.latency_s)
 
 
 # ---- traffic ------------------------------------------------------------------------------------
@@ -310,8 +319,9 @@ def _bandwidth_bounds(topo: Topology, traffic: Traffic) -> tuple:
     return _BANDWIDTH_CACHE[key]
 
 
-def alpha_distances(topo: Topology) -> np.ndarray:
-    """Cheapest total alpha of a chain of transfers between every two GPUs (inf if unreachable)."""
+def alpha_distances(topo: Topology, steps: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+    """Cheapest total alpha of a chain of transfers between every two GPUs (inf if unreachable);
+    with `steps` (within a node, across nodes), each transfer of the chain also pays that."""
     n = topo.ngpus
     sym = node_symmetry(topo)
     if sym is None:
@@ -321,6 +331,9 @@ def alpha_distances(topo: Topology) -> np.ndarray:
                 w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
     else:
         w = _one_transfer_alphas(topo)
+    if any(steps):
+        node = np.arange(n) // topo.gpus_per_node
+        w = w + np.where(node[:, None] == node[None, :], steps[0], steps[1])
     dense = np.where(np.isfinite(w), w + 1e-30, 0.0)  # zero means "no edge" to csgraph
     if sym is None:
         return shortest_path(csr_matrix(dense), directed=True)
@@ -370,7 +383,25 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
         raise DemandError(f"demand: rank {d} needs data from rank {s} but no path connects them")
     latency = float(dist[pairs].max()) if pairs.any() else 0.0
     alpha = float(dist[pairs].min()) if pairs.any() else 0.0
-    return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method)
+    chains = tuple((p, float(alpha_distances(topo, hop_steps(topo, p))[pairs].max()) if pairs.any() else 0.0)
+                   for p in (topo.costs.names if topo.costs is not None else ()))
+    return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method,
+                 chains)
+
+
+def hop_steps(topo: Topology, proto: str) -> tuple[float, float]:
+    """The least step latency a transfer of `proto` pays (program/timing.py charges the kind of the
+    link it crosses, links.path_kind): within a node, the cheapest kind but the network's (two GPUs
+    of one node never talk through it); across nodes, the network's where every link into or out
+    of the network switches is a network link (a transfer between nodes crosses one)."""
+    cost = topo.costs.protocol(proto)
+    kinds = dict(cost.step)
+    inside = min((v for k, v in kinds.items() if k != "network"), default=min(kinds.values()))
+    network = {topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "network"}
+    edge = [l.kind for l in topo.links if l.src in network or l.dst in network]
+    across = kinds["network"] if edge and all(k == "network" for k in edge) and "network" in kinds \
+        else min(kinds.values())
+    return inside, across
 
 
 def lower_bound(topo: Topology, collective: str, size_bytes: int, root: int | None = None) -> Bound:
@@ -385,7 +416,7 @@ def lower_bound(topo: Topology, collective: str, size_bytes: int, root: int | No
     bw = sum(b.bandwidth_s for b in parts)
     return Bound(demand.collective, size_bytes, max(last.latency_s, bw + last.alpha_s), bw, last.latency_s,
                  last.alpha_s, " + ".join(f"{p.replace('_', '-')} ({b.binding})" for p, b in zip(phases, parts)),
-                 last.method)
+                 last.method, last.chains_s)
 
 
 def busbw(collective: str, ngpus: int, algbw: float) -> float:

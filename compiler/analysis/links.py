@@ -80,16 +80,20 @@ def ideal_transfer(costing: Costing, nbytes: float, bandwidth: float, alpha: flo
     return nbytes / (bandwidth * costing.efficiency), alpha + pieces * costing.step(kind)
 
 
-def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s: float) -> float | None:
+def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s: float,
+                  chain_s=None) -> float | None:
     """The least time any program can take under the runtime cost model, from an alpha-beta bound's
     parts: the best protocol's launch, its payload efficiency on the bandwidth term, and at least one
-    step's synchronisation (every transfer pays one). None without runtime costs."""
+    step's synchronisation (every transfer pays one); chain_s(proto), where given, is the latency
+    bound with every transfer of a chain paying its step (bounds.Bound.chain_s). None without
+    runtime costs."""
     if topo.costs is None:
         return None
     best = None
     for name in topo.costs.names:
         c = Costing.of(topo, name)
         step = min(v for _, v in c.cost.step)
-        t = c.launch + max(latency_s, bandwidth_s / c.efficiency + alpha_s) + step
+        latency = latency_s + step if chain_s is None else max(latency_s + step, chain_s(name))
+        t = c.launch + max(latency, bandwidth_s / c.efficiency + alpha_s + step)
         best = t if best is None else min(best, t)
     return best

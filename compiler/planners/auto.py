@@ -198,25 +198,18 @@ class Search:
 
     def constructive(self, demand: Demand) -> None:
         """Plan the constructive methods at every chunking (each in well under a second) and judge
-        the best of them first: if its program reaches good_enough, no optimiser can gain what is
-        left and the search ends; if not, it is judged already (at scale, where lowering and timing
-        take tens of seconds, the optimisers' time would otherwise leave it too little)."""
+        the best of them first, in a third of the planning time left: if a program reaches
+        good_enough, no optimiser can gain what is left and the search ends; if not, they are judged
+        already (at scale, where lowering and timing take tens of seconds, the optimisers' time
+        would otherwise leave them too little; at small sizes plans rank programs poorly)."""
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
+        now = time.perf_counter()
+        judge(self, self.options.judge, now + (self.deadline - now) / 3, self.options.good_enough, CONSTRUCTIVE)
+        best = self.results[0] if self.results and self.results[0].program_s is not None else None
         ratio = self.options.good_enough
-        for best in sorted(self.results, key=lambda c: (c.finish_time_s, c.parts, c.method)):
-            self.results.remove(best)
-            try:
-                best = replace(best, program_s=self.options.judge(best.schedule))
-            except CompileError as e:  # not a candidate: the next best is judged instead
-                self.failed.append(f"{best.method} at {best.parts}x cannot be written: {e}")
-                continue
-            self.results.append(best)
-            break
-        else:
-            return
-        if best.floor_s / best.program_s >= ratio:
+        if best is not None and best.floor_s / best.program_s >= ratio:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
                            f"{best.floor_s / best.program_s:.3f} of the bound; --good-enough {ratio:g})")
 
@@ -241,33 +234,31 @@ class Search:
         return why
 
 
-def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0) -> None:
-    """Realise the best planned candidates, in planned order, until JUDGED have programs (one
-    once the deadline has passed, none more once one reaches good_enough of the program floor, and
-    none whose ideal program cannot beat a judged program by what finer instances gain); a
-    candidate whose program does not fit the runtimes is dropped (with why); the programs rank
-    first, in their time."""
-    enough = lambda: any(c.program_s is not None and c.floor_s >= good_enough * c.program_s  # noqa: E731
-                         for c in kept)
-    beaten = lambda c: any(k.program_s is not None and BEYOND * c.finish_time_s >= k.program_s  # noqa: E731
-                           for k in kept)
-    kept = [c for c in search.results if c.program_s is not None]
-    judged = len(kept)
-    for c in search.results:
-        if c.program_s is not None:
-            continue
+def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
+          only: tuple[str, ...] | None = None) -> None:
+    """Realise the best planned candidates (of the methods `only`, where given), in planned order,
+    until JUDGED more have programs: none more once the deadline has passed or one reaches
+    good_enough of the program floor (unless none has a program yet), and none whose ideal program
+    cannot beat a judged program by what finer instances gain. A candidate whose program does not
+    fit the runtimes is dropped (with why); the programs rank first, in their time."""
+    done = [c for c in search.results if c.program_s is not None]
+    enough = lambda: any(c.floor_s >= good_enough * c.program_s for c in done)  # noqa: E731
+    beaten = lambda c: any(BEYOND * c.finish_time_s >= k.program_s for k in done)  # noqa: E731
+    fresh, kept = 0, []
+    for c in sorted(search.results, key=lambda c: (c.finish_time_s, c.parts, c.method)):
         late = deadline is not None and time.perf_counter() > deadline
-        if judged == JUDGED or (judged and (late or enough() or beaten(c))):
+        if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
+                or (done and (late or enough() or beaten(c))):
             kept.append(c)
             continue
         try:
-            kept.append(replace(c, program_s=judge_program(c.schedule)))
-            judged += 1
+            c = replace(c, program_s=judge_program(c.schedule))
         except CompileError as e:
             search.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
-    if not judged:
-        raise CompileError("auto: no candidate can be written as a program for the target runtimes ("
-                           + "; ".join(search.failed[-3:]) + ")")
+            continue
+        fresh += 1
+        done.append(c)
+        kept.append(c)
     kept.sort(key=lambda c: (c.program_s is None, c.time_s, c.parts, c.method))
     search.results = kept
 
@@ -292,9 +283,12 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         if not search.chunking(demand, n):
             break
     if not search.results:
-        raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed) + ")")
+        raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed or search.skipped) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
     if options.judge is not None:
         judge(search, options.judge, options.judge_until or options.deadline, options.good_enough)
+        if not search.results or search.results[0].program_s is None:
+            raise CompileError("auto: no candidate can be written as a program for the target runtimes ("
+                               + "; ".join(search.failed[-3:]) + ")")
     best = search.results[0].schedule
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)
