@@ -124,7 +124,7 @@ class Search:
     results: list[Candidate] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) planned so far
+    planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) tried so far
     enough: str | None = None  # the judged program that ended the search, where one did
 
     def good_enough(self) -> bool:
@@ -188,6 +188,7 @@ class Search:
             s = refine.invert((plan_with(self.topo, d, replace(self.options, method=method, time_limit=max(1.0, share),
                                                                deadline=self.deadline, fallback=False)),), inverse)
         except CompileError as e:
+            self.planned.add((parts, method))  # tried: a later pass does not plan it again
             self.failed.append(f"{method} at {parts}x: {e}")
             if method == "milp" and "lp" not in methods and "rounds" not in methods:
                 methods.append("rounds")  # the exact model was too big for its share: solve it in windows
