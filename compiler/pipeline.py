@@ -143,7 +143,8 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
         share = PLAN_SHARE if plan_options.method != "auto" else AUTO_PLAN_SHARE
         plan_options = replace(plan_options, deadline=now + (end - now) * share,
                                judge_until=now + (end - now) * PLAN_SHARE,
-                               judge=lambda s: _judge(s, topology, options, judged))
+                               judge=lambda s: _judge(s, topology, options, judged),
+                               probe=lambda s: _probe(s, topology, options))
     schedule = plan(topology, demand, plan_options)
     known = judged.get(id(schedule.transfers))
     return compile_schedule(topology, schedule, options, known[1] if known else None)
@@ -155,6 +156,16 @@ def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judg
                 enough_time(topology, schedule, options.plan.good_enough))
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
+
+
+def _probe(schedule: Schedule, topology: Topology, options: CompileOptions) -> float:
+    """The time of the program `schedule` realises with one instance (or the instances asked for)
+    and the protocol of its best ideal program (or the one asked for): a ranking, not a choice."""
+    lower = options.lower if options.lower.instances else replace(options.lower, instances=1)
+    if lower.proto == AUTO:
+        best = min(protocols(topology, AUTO), key=lambda p: simulate(topology, schedule, p).finish_time_s)
+        lower = replace(lower, proto=best)
+    return realise(schedule, topology, lower, options.runtime, options.plan.deadline).timing.finish_time_s
 
 
 def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOptions = CompileOptions(),

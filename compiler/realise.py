@@ -45,7 +45,8 @@ PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
-# already timed is not lowered and timed (it cannot win; below this every protocol is timed for the notes)
+# already timed is not lowered and timed with several instances either (with one it never is: no one-instance
+# program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
         ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
         protos = tuple(sorted(protos, key=ideal.__getitem__))
-    if len(schedule.transfers) < LARGE_PROGRAM:
-        ideal = {}
+    large = len(schedule.transfers) >= LARGE_PROGRAM
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
     counts = [options.instances] if fixed else [1]
@@ -115,7 +115,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         k = counts.pop()
         began = time.perf_counter()
         try:
-            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at, ideal, enough_s)
+            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at,
+                              ideal if k == 1 or large else None, enough_s)
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
                 raise

@@ -207,12 +207,35 @@ class Search:
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
         now = time.perf_counter()
-        judge(self, self.options.judge, now + (self.deadline - now) / 3, self.options.good_enough, CONSTRUCTIVE)
+        until = now + (self.deadline - now) / 3
+        order = self.probed(until) if self.options.probe is not None else None
+        judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
         best = self.results[0] if self.results and self.results[0].program_s is not None else None
         ratio = self.options.good_enough
         if best is not None and best.floor_s / best.program_s >= ratio:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
                            f"{best.floor_s / best.program_s:.3f} of the bound; --good-enough {ratio:g})")
+
+    def probed(self, until: float) -> dict[int, float]:
+        """The one-instance program time of each constructive candidate whose plan is within BEYOND
+        of the best plan, best plan first, until `until` (a candidate that cannot be written is
+        dropped, with why): it ranks programs far better than plans do where step latency binds,
+        at a small part of the cost of the whole instances search. None where the best plan
+        already reaches good_enough (its program is judged first) or no other plan is close."""
+        plans = sorted(self.results, key=lambda c: (c.finish_time_s, c.parts, c.method))
+        out: dict[int, float] = {}
+        if sum(BEYOND * c.finish_time_s <= plans[0].finish_time_s for c in plans) < 2 \
+                or plans[0].bound_ratio >= self.options.good_enough:
+            return out  # one close candidate, or a plan good enough to judge first: nothing to rank
+        for c in plans:
+            if BEYOND * c.finish_time_s > plans[0].finish_time_s or (out and time.perf_counter() > until):
+                break
+            try:
+                out[id(c)] = self.options.probe(c.schedule)
+            except CompileError as e:
+                self.results.remove(c)
+                self.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
+        return out
 
     def why(self, demand: Demand) -> list[str]:
         """The notes that explain the choice: the ranking, what was left out, what failed."""
@@ -236,8 +259,9 @@ class Search:
 
 
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
-          only: tuple[str, ...] | None = None) -> None:
-    """Realise the best planned candidates (of the methods `only`, where given), in planned order,
+          only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None) -> None:
+    """Realise the best planned candidates (of the methods `only`, where given), in planned order
+    (those with `probes`, one-instance program times by candidate id, first in their order),
     until JUDGED more have programs: none more once the deadline has passed or one reaches
     good_enough of the program floor (unless none has a program yet), and none whose ideal program
     cannot beat a judged program by what finer instances gain. A candidate whose program does not
@@ -246,7 +270,9 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     enough = lambda: any(c.floor_s >= good_enough * c.program_s for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * c.finish_time_s >= k.program_s for k in done)  # noqa: E731
     fresh, kept = 0, []
-    for c in sorted(search.results, key=lambda c: (c.finish_time_s, c.parts, c.method)):
+    probes = probes or {}
+    first = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), c.finish_time_s, c.parts, c.method)  # noqa: E731
+    for c in sorted(search.results, key=first):
         late = deadline is not None and time.perf_counter() > deadline
         if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
                 or (done and (late or enough() or beaten(c))):

@@ -31,7 +31,10 @@ class PlanOptions:
     # of the program floor (the lower bound plus what every program pays): a written program this
     # close ends auto's search and the instances search (no other program could gain more than the rest)
     good_enough: float = 0.98
-    judge_until: float | None = None  # time.perf_counter() after which auto judges no further candidate
+    judge_until: float | None = None
+    # the time of the program a schedule realises with one instance (cheaper than judge: no
+    # instances search); auto ranks its constructive candidates by it before judging them
+    probe: Callable[[object], float] | None = field(default=None, compare=False, repr=False)  # time.perf_counter() after which auto judges no further candidate
 
     def left(self, t0: float) -> float:
         """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""
