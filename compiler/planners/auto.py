@@ -94,6 +94,8 @@ BUDGET = 0.9  # of the time limit for planning: simulating and judging the candi
 BASELINES = ("direct", "ring")  # cheap: planned even when a candidate is good enough, if programs are judged
 BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a judged program is not judged
 # (no program beats its schedule's ideal by much: instances cutting chunks finer gained under 2 % in our tables)
+PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
+# (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier")  # built, not solved: planned at every chunking before any optimiser
 
@@ -217,18 +219,18 @@ class Search:
                            f"{best.floor_s / best.program_s:.3f} of the bound; --good-enough {ratio:g})")
 
     def probed(self, until: float) -> dict[int, float]:
-        """The one-instance program time of each constructive candidate whose plan is within BEYOND
-        of the best plan, best plan first, until `until` (a candidate that cannot be written is
+        """The one-instance program time of each constructive candidate whose plan is within PROBED
+        times the best plan, best plan first, until `until` (a candidate that cannot be written is
         dropped, with why): it ranks programs far better than plans do where step latency binds,
         at a small part of the cost of the whole instances search. None where the best plan
         already reaches good_enough (its program is judged first) or no other plan is close."""
         plans = sorted(self.results, key=lambda c: (c.finish_time_s, c.parts, c.method))
         out: dict[int, float] = {}
-        if sum(BEYOND * c.finish_time_s <= plans[0].finish_time_s for c in plans) < 2 \
-                or plans[0].bound_ratio >= self.options.good_enough:
+        close = [c for c in plans if c.finish_time_s <= PROBED * plans[0].finish_time_s]
+        if len(close) < 2 or plans[0].bound_ratio >= self.options.good_enough:
             return out  # one close candidate, or a plan good enough to judge first: nothing to rank
-        for c in plans:
-            if BEYOND * c.finish_time_s > plans[0].finish_time_s or (out and time.perf_counter() > until):
+        for c in close:
+            if out and time.perf_counter() > until:
                 break
             try:
                 out[id(c)] = self.options.probe(c.schedule)
