@@ -21,6 +21,7 @@ AllReduce with point-to-point algorithms = reduce-scatter + allgather (hardware.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -324,13 +325,7 @@ def alpha_distances(topo: Topology, steps: tuple[float, float] = (0.0, 0.0)) -> 
     with `steps` (within a node, across nodes), each transfer of the chain also pays that."""
     n = topo.ngpus
     sym = node_symmetry(topo)
-    if sym is None:
-        w = np.full((n, n), np.inf)
-        for s in range(n):
-            for d in topo.neighbours(s):
-                w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
-    else:
-        w = _one_transfer_alphas(topo)
+    w = _one_transfer(topo)
     if any(steps):
         node = np.arange(n) // topo.gpus_per_node
         w = w + np.where(node[:, None] == node[None, :], steps[0], steps[1])
@@ -345,6 +340,20 @@ def alpha_distances(topo: Topology, steps: tuple[float, float] = (0.0, 0.0)) -> 
         perm = sym.gpu_swap(k)
         out[k * sym.per:(k + 1) * sym.per] = first[:, perm]
     return out
+
+
+@lru_cache(maxsize=8)
+def _one_transfer(topo: Topology) -> np.ndarray:
+    """(ngpus, ngpus): the least alpha of one transfer between two GPUs (inf where none), computed
+    once per topology (the latency bound and each protocol's chains read it)."""
+    if node_symmetry(topo) is not None:
+        return _one_transfer_alphas(topo)
+    n = topo.ngpus
+    w = np.full((n, n), np.inf)
+    for s in range(n):
+        for d in topo.neighbours(s):
+            w[s, d] = min(topo.path_alpha(p) for p in topo.paths(s, d))
+    return w
 
 
 def _one_transfer_alphas(topo: Topology) -> np.ndarray:

@@ -304,7 +304,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     search = Search(topo, options, deadline, REFINEMENTS if options.refine and scale is None else (1,))
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
-    if options.judge is not None and options.good_enough < 1:
+    if options.judge is not None:
         search.constructive(demand)
     if search.enough:
         search.skipped += [search.enough] + (scale or [])
