@@ -112,6 +112,11 @@ class Candidate:
     floor_s: float = 0.0  # the program floor (lower bound plus what every program pays)
 
     @property
+    def program_ratio(self) -> float:
+        """Its program's share of the program floor (0 where not judged)."""
+        return self.floor_s / self.program_s if self.program_s else 0.0
+
+    @property
     def time_s(self) -> float:
         return self.finish_time_s if self.program_s is None else self.program_s
 
@@ -212,11 +217,11 @@ class Search:
         until = now + (self.deadline - now) / 3
         order = self.probed(until) if self.options.probe is not None else None
         judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
-        best = self.results[0] if self.results and self.results[0].program_s is not None else None
+        best = self.results[0] if self.results else None  # judged ones rank first
         ratio = self.options.good_enough
-        if best is not None and best.floor_s / best.program_s >= ratio:
+        if best is not None and best.program_ratio >= ratio:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
-                           f"{best.floor_s / best.program_s:.3f} of the bound; --good-enough {ratio:g})")
+                           f"{best.program_ratio:.3f} of the bound; --good-enough {ratio:g})")
 
     def probed(self, until: float) -> dict[int, float]:
         """The one-instance program time of each constructive candidate whose plan is within PROBED
@@ -269,7 +274,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     cannot beat a judged program by what finer instances gain. A candidate whose program does not
     fit the runtimes is dropped (with why); the programs rank first, in their time."""
     done = [c for c in search.results if c.program_s is not None]
-    enough = lambda: any(c.floor_s >= good_enough * c.program_s for c in done)  # noqa: E731
+    enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * c.finish_time_s >= k.program_s for k in done)  # noqa: E731
     fresh, kept = 0, []
     probes = probes or {}
