@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler.model.program import SLOTS, Program, ThreadBlock
 from compiler.program.findings import Finding, finding
 from compiler.program.symbols import Sparse
@@ -103,7 +105,8 @@ class _Tb:
         self.pc = self.sub = 0
         self.waited = False  # the current step's dependency is satisfied
         self.t = 0  # own clock component: one tick per step or sub-transfer
-        self.vc = (0,) * ntbs  # what this tb knows of the others' clocks (own entry unused)
+        self.vc = np.zeros(ntbs, dtype=np.int64)  # what this tb knows of the others' clocks (own entry
+        # unused); never changed in place once set (snapshots share it): a join makes a new one
         self.pub = -1  # last published step index
         self.pub_snap = None
         self.blocked = None  # wake key while blocked
@@ -180,9 +183,11 @@ class Machine(Interpreter):
     def join(self, tb: _Tb, snap):
         g2, t2, vc2 = snap
         g2 -= self.base[tb.rank]
-        vc = tb.vc if vc2 is tb.vc else tuple(map(max, tb.vc, vc2))
+        vc = tb.vc if vc2 is tb.vc else np.maximum(tb.vc, vc2)
         if vc[g2] < t2:
-            vc = vc[:g2] + (t2,) + vc[g2 + 1:]
+            if vc is tb.vc:
+                vc = vc.copy()
+            vc[g2] = t2
         tb.vc = vc
 
     def ordered(self, tb: _Tb, rec) -> bool:

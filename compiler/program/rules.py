@@ -248,12 +248,21 @@ def no_peer(p: Program, lim: Limits) -> list[Finding]:
     return out
 
 
+_TABLE: list = [None, ()]  # the program last asked about (by identity; hashing one walks all of it) and its table
+
+
+def _tbs_by_id(p: Program) -> tuple[dict, ...]:
+    """Per rank: tb id -> tb (Program is frozen, so one table serves every rule that asks)."""
+    if _TABLE[0] is not p:
+        _TABLE[:] = [p, tuple({tb.id: tb for tb in g.tbs} for g in p.gpus)]
+    return _TABLE[1]
+
+
 def _dep_target(p: Program, rank: int, depid: int, deps: int):
     """The step a dependency names, or None."""
     if not 0 <= rank < len(p.gpus):
         return None
-    tbs = {tb.id: tb for tb in p.gpus[rank].tbs}
-    tb = tbs.get(depid)
+    tb = _tbs_by_id(p)[rank].get(depid)
     if tb is None or not 0 <= deps < len(tb.steps):
         return None
     return tb.steps[deps]
@@ -262,7 +271,7 @@ def _dep_target(p: Program, rank: int, depid: int, deps: int):
 def dep_target(p: Program, lim: Limits) -> list[Finding]:
     out = []
     for g, tb, s, st in _steps(p):
-        ids = {t.id: t for t in g.tbs}
+        ids = _tbs_by_id(p)[g.rank]
         bad = None
         if st.depid == -1:
             if st.deps != -1:
