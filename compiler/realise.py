@@ -123,9 +123,12 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             stopped = stopped or f"{k} would not fit ({e})"
             counts = [c for c in counts if c < k]  # more would not fit either
             continue
+        for variant in ({"pair_peers": False}, {"fit_lanes": False}):
+            reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+            if (k > 1 or "pair_peers" in variant) and not reached \
+                    and time.perf_counter() + (time.perf_counter() - began) < stop_at:
+                _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at)
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
-        if k > 1 and not reached and time.perf_counter() + (time.perf_counter() - began) < stop_at:
-            _keep_faster(timed, schedule, topology, replace(base, instances=k, fit_lanes=False), stop_at)
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
@@ -175,9 +178,12 @@ def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
 
 def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                  options: LowerOptions, stop_at: float) -> None:
-    """Replace a protocol's program in `timed` by one lowered with `options` where that is faster
-    (every instance on its own channel can beat lane-aware placement where step latency, not a
-    link's lanes, limits a transfer, if its thread blocks fit)."""
+    """Replace a protocol's program in `timed` by one lowered with `options` where that is faster:
+    every send and receive peer on a thread block of its own (pair_peers off: a block that both
+    sends to and receives from a peer takes turns, which halves a busy NVSwitch fan-out; more
+    blocks can also lose, where more of them than a link's lanes contend first come, first served),
+    or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
+    latency, not a link's lanes, limits a transfer), if the thread blocks fit."""
     try:
         other = _time_all(schedule, topology, options, tuple(timed), stop_at)
     except CompileError:

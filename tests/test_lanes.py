@@ -95,3 +95,27 @@ def test_every_gpu_link_s_saturating_count_comes_before_the_doublings(topo):
     assert saturating_counts(t, ("Simple",)) == counts
     order = instance_order(counts, counts)
     assert order[:2] == sorted(counts, reverse=True) and order[2:4] == [2, 4]
+
+
+def test_a_peer_s_two_directions_get_thread_blocks_of_their_own_where_that_is_faster(topo):
+    """Direct allgather on one DGX A100 node, 1 GB: a thread block that both sends to and receives
+    from a peer takes turns between the two; with every send and receive peer on a block of its
+    own the timer finds the program faster, it verifies, and realise keeps it."""
+    from compiler.model.demand import make_demand
+    from compiler.planners import PlanOptions
+    from compiler.planners.registry import get
+
+    t = topo("dgx-a100")
+    d = make_demand("allgather", t.ngpus, 1 << 30)
+    s = get("direct")(t, d, PlanOptions())
+    paired = lower(s, t, LowerOptions())
+    own = lower(s, t, LowerOptions(pair_peers=False))
+    assert to_xml(own) == to_xml(lower(s, t, LowerOptions(pair_peers=False)))
+    assert verify(own, "all", d, t.sms).ok
+    assert any(tb.send >= 0 and tb.recv >= 0 for g in paired.gpus for tb in g.tbs)
+    assert all(tb.send < 0 or tb.recv < 0 for g in own.gpus for tb in g.tbs)
+    fast = time_program(own, t, d.size_bytes).finish_time_s
+    assert fast < 0.8 * time_program(paired, t, d.size_bytes).finish_time_s
+    r = realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
+    assert r.timing.finish_time_s <= fast * 1.0001
+    assert any("a thread block of its own" in n for n in r.program.notes)

@@ -303,6 +303,43 @@ def test_baselines_with_more_chunks_instances_and_ll(topo, hw, nodes, coll):
         check_program(p, d.split(opts.instances), opts.runtime, t.sms)
 
 
+def _nodes_and_nops(p: Program) -> tuple[int, int]:
+    """The most XML nodes any rank stores (1 + GPUs + thread blocks + steps) and the program's nops."""
+    most = max(1 + p.ngpus + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs) for g in p.gpus)
+    return most, sum(st.type == "nop" for g in p.gpus for tb in g.tbs for st in tb.steps)
+
+
+def test_pacing_gives_way_to_the_xml_node_limit(topo, monkeypatch):
+    """Pacing (a send waits for the send w before it on its link) is an order, not a correctness
+    need; where its nops would take a rank past the XML node limit only as many are kept as fit.
+    The program still verifies, and the timer still finishes it."""
+    import dataclasses
+
+    from compiler.lowering import lower as lowering
+    from compiler.program.timing import time_program
+
+    t = topo("dgx2", 2)
+    d, s = _plan(t, "hier", "allgather")
+    paced = lower(s, t)
+    most, nops = _nodes_and_nops(paced)
+    unpaced_most, unpaced_nops = _nodes_and_nops(lower(s, t, LowerOptions(pace=False)))
+    assert unpaced_most < most and unpaced_nops < nops  # pacing costs nodes here
+    cap = (most + unpaced_most) // 2
+    real = lowering.runtime_limits
+    monkeypatch.setattr(lowering, "runtime_limits",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), max_nodes=cap))
+    fitted = lower_twice(s, t)
+    fitted_most, fitted_nops = _nodes_and_nops(fitted)
+    assert fitted_most <= cap and unpaced_nops <= fitted_nops < nops
+    check_program(fitted, d, "all", t.sms)
+    assert time_program(fitted, t, d.size_bytes).finish_time_s > 0
+    monkeypatch.setattr(lowering, "runtime_limits",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), max_nodes=unpaced_most - 1))
+    with pytest.raises(LoweringError) as e:  # not even without pacing: the one-line limit error
+        lower(s, t)
+    assert re.search(rf"needs {unpaced_most} XML nodes .* allows {unpaced_most - 1}\b", _one_line(e.value))
+
+
 # ---- errors ----------------------------------------------------------------------------------------
 
 

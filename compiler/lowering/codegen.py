@@ -106,7 +106,7 @@ class RankCode:
 
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
-               pair_slow: bool = False) -> RankCode:
+               pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -115,20 +115,27 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     GPU feeds each link in the schedule's order (the planner timed them in that order) with as
     many runs in flight as the link carries at full rate; the later sends of a run follow it in
     its thread block. Without it, concurrent thread blocks share the link in whatever order they
-    run."""
+    run. Pacing is an order, not a correctness need: where a wait costs a nop and the rank would
+    store more than `max_nodes` XML nodes (1 + GPUs + thread blocks + steps), the rank is lowered
+    again pacing only as many sends through nops as fit (the first ones)."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
             widest[m.lane[0]] = max(widest.get(m.lane[0], 1), m.width)
         lanes = pace
         pace = lambda link: -(-lanes(link) // widest[link]) * widest[link]
-    ops = rank_ops(rank, moves_out, moves_in, demand)
-    by_chunk, weights = link_forwards(ops)
-    tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow)
-    gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias), pace)
-    for unit in fuse(ops, len(tbs)):
-        gen.emit(unit)
-    return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
+    budget = None  # pacing waits that may cost a nop (None: all)
+    while True:
+        ops = rank_ops(rank, moves_out, moves_in, demand)
+        by_chunk, weights = link_forwards(ops)
+        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers)
+        gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace)
+        for unit in fuse(ops, len(tbs)):
+            gen.emit(unit)
+        excess = 0 if max_nodes is None else 1 + demand.ngpus + len(tbs) + sum(len(tb.steps) for tb in tbs) - max_nodes
+        if excess <= 0 or gen.em.pace_nops == 0:
+            return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
+        budget = max(0, gen.em.pace_nops - excess)
 
 
 def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand) -> list[Op]:
@@ -166,7 +173,7 @@ def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, i
 
 
 def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int],
-              pair_slow: bool = False) -> tuple[list[DraftThreadBlock], dict[int, int]]:
+              pair_slow: bool = False, pair_peers: bool = True) -> tuple[list[DraftThreadBlock], dict[int, int]]:
     """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
     the chunk's first send (which then reads o), else the least loaded. pair_slow: a receive over a
     slow path may share a thread block with a send peer that would not wait for it (saves thread
@@ -174,7 +181,7 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
     slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
-    peers = pair_thread_blocks(sends, recvs, weights, slow, _behind_slow(ops, slow) if pair_slow else None)
+    peers = pair_thread_blocks(sends, recvs, weights, slow, _behind_slow(ops, slow) if pair_slow else None, pair_peers)
     if not peers and any(o.kind is COPY for o in ops):
         peers = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
@@ -219,13 +226,15 @@ def _behind_slow(ops: list[Op], slow: frozenset[tuple[int, int]]) -> Callable[[i
 def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                        weights: dict[tuple[int, int, int], int],
                        slow: frozenset[tuple[int, int]] = frozenset(),
-                       waits: Callable[[int, int, int], bool] | None = None) -> list[tuple[int, int, int]]:
+                       waits: Callable[[int, int, int], bool] | None = None,
+                       pair_peers: bool = True) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
     weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. Per channel:
     a receive over a slow path (in `slow`) gets a thread block of its own (sends placed behind it
     would wait many epochs for it) unless it shares one with a send peer none of whose sends would
     wait for it (`waits(chan, send peer, recv peer)` false; the same peer first), then pairs by
-    weight, then same-peer pairs, then the rest."""
+    weight, then (pair_peers) same-peer pairs, then the rest; without pair_peers every send and
+    receive peer left has a thread block of its own (no two directions take turns in one block)."""
     tbs = []
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
@@ -243,6 +252,9 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                 tbs.append((d, a, chan))
                 free_r.discard(a)
                 free_s.discard(d)
+        if not pair_peers:
+            tbs += [(p, -1, chan) for p in sorted(free_s)] + [(-1, p, chan) for p in sorted(free_r)]
+            continue
         for p in sorted(free_s & free_r):
             tbs.append((p, p, chan))
         rest_s, rest_r = sorted(free_s - free_r), sorted(free_r - free_s)
@@ -397,8 +409,10 @@ class _Emitter:
     its own entry is not kept in it (a snapshot carries its step index): with a hundred thread
     blocks and thousands of steps per rank (512 GPUs), a list copied per step was most of lowering."""
 
-    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot]):
+    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot], pace_budget: int | None = None):
         self.tbs = tbs
+        self.pace_budget = pace_budget  # pacing waits that may still cost a nop (None: any number)
+        self.pace_nops = 0  # nops spent on pacing waits
         ntb = len(tbs)
         self.known = [np.full(ntb, -1) for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
         self.snap: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # (tb, step) -> (its clock, the step)
@@ -420,7 +434,6 @@ class _Emitter:
             if target is not None and target[0] != tb and need.get(target[0], -1) < target[1]:
                 need[target[0]] = target[1]
 
-        want(after)
         reads_n = [self.alias(s) for s in reads]
         writes_n = [self.alias(s) for s in writes]
         for s in reads_n:
@@ -431,6 +444,15 @@ class _Emitter:
                 want(r)
         known = self.known[tb]
         deps = sorted((d, k) for d, k in need.items() if known[d] < k)
+        if after is not None:
+            want(after)
+            paced = sorted((d, k) for d, k in need.items() if known[d] < k)
+            if len(paced) > max(1, len(deps)):  # the pacing wait costs a nop
+                if self.pace_budget is None or self.pace_nops < self.pace_budget:
+                    self.pace_nops += 1
+                    deps = paced
+            else:
+                deps = paced
         steps = self.tbs[tb].steps
         for d, k in deps[:-1]:
             self.seq += 1
