@@ -17,7 +17,9 @@ gains) and while the runtimes' limits allow it; a count whose lowering would not
 is passed over (a smaller one may still fit); it ends once a program is within `enough_s` (the
 pipeline's --good-enough share of the program floor: no other could gain more than the rest).
 Each count is lowered with lane-aware placement and, where it fits and time allows, with every
-instance on its own channel (LowerOptions.fit_lanes). A limit that stops the search is noted,
+send and receive peer on a thread block of its own (LowerOptions.pair_peers; a program of
+LARGE_PROGRAM transfers or more tries that at its best count only, after the search) and with
+every instance on its own channel (LowerOptions.fit_lanes). A limit that stops the search is noted,
 never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -111,24 +113,29 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = enough = None
     misses = 0
+    took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
     while counts:
         k = counts.pop()
         began = time.perf_counter()
+        first: list[float] = []
         try:
             timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at,
-                              ideal if k == 1 or large else None, enough_s)
+                              ideal if k == 1 or large else None, enough_s, first)
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
                 raise
             stopped = stopped or f"{k} would not fit ({e})"
             counts = [c for c in counts if c < k]  # more would not fit either
             continue
-        for variant in ({"pair_peers": False}, {"fit_lanes": False}):
-            reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
-            if (k > 1 or "pair_peers" in variant) and not reached \
-                    and time.perf_counter() + (time.perf_counter() - began) < stop_at:
-                _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at)
+        took[k] = first[0]
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        # other placements at this count (a large program tries peers on blocks of their own once, below)
+        variants = ([] if large else [{"pair_peers": False}]) + ([{"fit_lanes": False}] if k > 1 else [])
+        for variant in variants:
+            if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
+                break
+            _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at)
+            reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
@@ -142,8 +149,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             break
         if not counts or misses >= PATIENCE:
             break
-        # lowering and timing grow with the instances and the protocols still in the race
-        per = (time.perf_counter() - began) / (k * len(timed)) * len(protos)
+        # lowering and timing grow with the instances; the first protocol (the best so far) is lowered and
+        # timed at a count that is tried at all, the others only as time allows (_time_all)
+        per = first[0] / k
         late = [c for c in counts if time.perf_counter() + per * c >= stop_at]
         if late:  # a count that would not finish in time is passed over; a smaller one may still pay
             stopped = stopped or f"the time limit left out {', '.join(map(str, sorted(late)))}"
@@ -151,6 +159,13 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if not counts:
             break
     _, p, k, program, timing = best
+    if large and enough is None and (enough_s is None or best[0] > enough_s) \
+            and time.perf_counter() + took[k] < stop_at:
+        own = {p: (program, timing)}  # the best count again, every send and receive peer on a block of its own
+        _keep_faster(own, schedule, topology, replace(base, instances=k, pair_peers=False), stop_at)
+        if own[p][1].finish_time_s < best[0]:
+            program, timing = own[p]
+            tried.append((p, k, timing.finish_time_s))
     return Realisation(program, timing, k, tuple(tried), stopped, enough)
 
 
@@ -195,15 +210,18 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
               stop_at: float, ideal: dict[str, float] | None = None,
-              enough_s: float | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
+              enough_s: float | None = None, first: list[float] | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
-    is passed over (no program is faster than its ideal)."""
+    is passed over (no program is faster than its ideal). first: if given, gets the seconds the
+    first protocol took (its lowering and timing: the least another count costs)."""
     lowered: dict[int, Program] = {}
     out = {}
     t0 = time.perf_counter()
     for p in protos:
+        if out and first is not None and not first:
+            first.append(time.perf_counter() - t0)
         if ideal and out and ideal[p] >= min(t.finish_time_s for _, t in out.values()):
             continue
         if SLOTS[p] not in lowered:
@@ -214,4 +232,6 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
         out[p] = (program, time_program(program, topology, size_of(schedule, program)))
         if enough_s is not None and out[p][1].finish_time_s <= enough_s:
             break
+    if first is not None and not first:
+        first.append(time.perf_counter() - t0)
     return out

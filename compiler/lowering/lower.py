@@ -109,7 +109,7 @@ class LowerOptions:
     pace: bool = True  # each GPU feeds an outgoing link in schedule order (the order the planner timed)
     fit_lanes: bool = True  # a transfer spreads over only as many of its instances' channels as its link needs
     pair_peers: bool = True  # a send and a receive peer that forward nothing between them may share a thread
-    # block (fewer blocks; their steps take turns); False gives each its own where the blocks fit
+    # block (fewer blocks; their steps take turns); False gives each its own, an error where the blocks do not fit
 
 
 def check_options(o: LowerOptions) -> None:
@@ -292,9 +292,10 @@ def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], in
 
 def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
-                 inplace_or_none: bool = False, pair_peers: bool = True) -> list[RankCode] | None:
-    """inplace_or_none: give up (None) at the first rank that cannot run in place (with `aliased`),
-    rather than lowering every rank only to be lowered again without aliasing."""
+                 pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None
+                 ) -> tuple[list[RankCode], bool]:
+    """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
+    rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     for m in moves:
@@ -305,11 +306,11 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     for r in range(demand.ngpus):
         codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity,
                                 pace, pair_slow, max_nodes, pair_peers))
-        if aliased and inplace_or_none and not codes[-1].inplace_ok:
-            return None
+        if stop is not None and stop(codes[-1]):
+            return codes, False
     fill_remote_fields(codes, moves)
     merge_runs(codes, moves, instances, MAX_CNT)
-    return codes
+    return codes, True
 
 
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
@@ -338,19 +339,30 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     widths = None  # without runtime costs a thread block has no rate cap: every instance is its own channel
     if options.fit_lanes and topology.costs is not None:
         widths = lane_widths(schedule, topology, levels, options.instances, link_lanes(topology, options.proto).__getitem__)
-    pair_peers = options.pair_peers  # peers pair up, then slow receives share blocks, only where blocks would not fit
-    pair_slow = False
+    pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     while True:
         moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
                             SLOTS[options.proto], topology, widths)
-        codes = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
-                             options.inplace is None, pair_peers)
-        if codes is None:
-            can_alias = False  # not usable in place anyway: drop the dependencies aliasing adds
-            codes = _lower_ranks(moves, demand, False, pace, options.instances, pair_slow, lim.max_nodes,
-                                 pair_peers=pair_peers)
-        if not pair_slow and max(len(c.tbs) for c in codes) > lim.max_tbs:
-            pair_slow, pair_peers = pair_peers, True
+        while True:
+            open_alias = can_alias and options.inplace is None  # whether in-place use is still to be found out
+
+            def stop(code: RankCode, open_alias: bool = open_alias, pair_slow: bool = pair_slow) -> bool:
+                if open_alias and not code.inplace_ok:
+                    return True  # not usable in place anyway
+                return len(code.tbs) > lim.max_tbs and (not options.pair_peers or not (open_alias or pair_slow))
+
+            codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
+                                        options.pair_peers, stop)
+            if whole or not (open_alias and not codes[-1].inplace_ok):
+                break
+            can_alias = False  # drop the dependencies aliasing adds
+        most_tbs = max(len(c.tbs) for c in codes)
+        if most_tbs > lim.max_tbs and not options.pair_peers:
+            rank = next(c.rank for c in codes if len(c.tbs) == most_tbs)
+            raise LoweringError(f"lowering: rank {rank} needs {most_tbs} thread blocks with a block per send and "
+                                f"receive peer; {lim.tb_reason}; pair peers (the default)")
+        if not pair_slow and most_tbs > lim.max_tbs:
+            pair_slow = True
             continue
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
@@ -360,7 +372,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                                 f"channels; {_allows(lim, 'steps')}, and MSCCL allows {MAX_CHANNELS} channels; "
                                 "use --runtime old or fewer --chunks")
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
-    if not pair_peers:
+    if not options.pair_peers:
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
     if split > 1:
         notes.append(f"lowering: chunks spread over {split} channel groups to keep thread blocks within "
