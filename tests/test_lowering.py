@@ -363,6 +363,16 @@ def test_too_many_thread_blocks_is_one_clear_line(topo):
             lower(s, t, LowerOptions(instances=3, runtime=runtime, fit_lanes=False))
 
 
+def test_peers_on_blocks_of_their_own_that_do_not_fit_is_one_clear_line(topo):
+    t = topo("dgx2", 2)
+    _, s = _plan(t, "direct", "allgather")
+    with pytest.raises(LoweringError) as e:  # 31 send and 31 receive peers: 62 blocks where rccl allows 63...
+        lower(s, t, LowerOptions(instances=2, runtime="rccl", pair_peers=False))
+    assert re.search(r"rank \d+ needs \d+ thread blocks with a block per send and receive peer; rccl allows 63",
+                     _one_line(e.value))
+    lower(s, t, LowerOptions(instances=2, runtime="rccl"))  # ...paired, the same program fits
+
+
 def test_step_limit_that_channels_cannot_fix(topo):
     t = topo("line:2")
     d = make_demand("allgather", 2, 1 << 20, 2100)
