@@ -28,13 +28,13 @@ class PlanOptions:
     # the time of the program a schedule realises (raises CompileError where none fits the runtimes):
     # auto ranks its best candidates by it; the pipeline sets it when it writes a program
     judge: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
-    # of the program floor (the lower bound plus what every program pays): a written program this
-    # close ends auto's search and the instances search (no other program could gain more than the rest)
+    # the share of the program floor (the lower bound plus what every program pays) at which a written program
+    # ends auto's search and the instances search (no other program could gain more than the rest)
     good_enough: float = 0.98
-    judge_until: float | None = None
+    judge_until: float | None = None  # time.perf_counter() after which auto judges no further candidate
     # the time of the program a schedule realises with one instance (cheaper than judge: no
     # instances search); auto ranks its constructive candidates by it before judging them
-    probe: Callable[[object], float] | None = field(default=None, compare=False, repr=False)  # time.perf_counter() after which auto judges no further candidate
+    probe: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
 
     def left(self, t0: float) -> float:
         """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""
