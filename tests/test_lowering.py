@@ -247,6 +247,26 @@ def test_long_thread_blocks_are_split_over_channels(topo):
     assert old.nchannels == 1 and 64 < old.nsteps_max <= 256
 
 
+@pytest.mark.parametrize("instances", [1, 2])
+def test_the_busiest_rank_alone_finds_the_channel_groups(topo, monkeypatch, instances):
+    """A direct allgather of 40 chunks pairs 40 sends and 40 receives per thread block: twice the
+    steps that counting sends estimates. Lowering the busiest rank alone finds the second channel
+    group, so every rank is lowered once, and the program is the one lowered without the probe."""
+    import compiler.lowering.lower as lowering
+    t = topo("dgx-a100")
+    d, s = _plan(t, "direct", "allgather", chunks=40)
+    passes = []
+    whole = lowering._lower_ranks
+    monkeypatch.setattr(lowering, "_lower_ranks", lambda *a, **k: passes.append(1) or whole(*a, **k))
+    options = LowerOptions(instances=instances)
+    p = lower(s, t, options)
+    assert len(passes) == 1 and p.nsteps_max <= 64
+    check_program(p, d.split(instances))
+    monkeypatch.setattr(lowering, "probe_split", lambda split, *rest: split)
+    passes.clear()
+    assert to_xml(lower(s, t, options)) == to_xml(p) and len(passes) == 2
+
+
 def test_proto_sizes_name_and_flags_pass_through(topo):
     t = topo("ring:4")
     opts = LowerOptions(proto="LL", min_bytes=1024, max_bytes=65535, name="ag_small")

@@ -110,13 +110,17 @@ def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, 
 
 
 def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
-                instances: int, slots: int, topology: Topology, widths: list[int] | None = None) -> list[Move]:
-    """widths: per transfer, the channels its sub-chunks spread over (lane_widths); None: all k."""
+                instances: int, slots: int, topology: Topology, widths: list[int] | None = None,
+                rank: int | None = None) -> list[Move]:
+    """widths: per transfer, the channels its sub-chunks spread over (lane_widths); None: all k.
+    rank: if given, only the moves that rank sends or receives (the same moves as in the whole list)."""
     k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
     fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
     moves = []
     for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
+        if rank is not None and rank != t.src and rank != t.dst:
+            continue  # `seen` counts per connection, so the rank's own moves come out the same
         chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
         first = topology.link_id(t.path[0], t.path[1])
         slow = topology.path_bandwidth(t.path) < fastest

@@ -313,6 +313,51 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     return codes, True
 
 
+def busiest_rank(schedule: Schedule) -> int:
+    """The rank that sends and receives the most transfers (the lowest such)."""
+    count = [0] * schedule.demand.ngpus
+    for t in schedule.transfers:
+        count[t.src] += 1
+        count[t.dst] += 1
+    return max(range(len(count)), key=lambda r: (count[r], -r), default=0)
+
+
+def kept_steps(code: RankCode, outs: list[Move], ins: list[Move], instances: int) -> int:
+    """The most steps a thread block of the rank has after merge_runs, or (instances > 1, where
+    merging needs every rank) at least has: all but its nops and the plain sends and receives of
+    sub-chunks that are not the first of their run on their channel (the only steps it folds away)."""
+    if instances == 1:
+        return max((len(tb.steps) for tb in code.tbs), default=0)
+    folds = {code.send_at[m.pos] for m in outs if not m.head} | {code.recv_at[m.pos] for m in ins if not m.head}
+    return max((sum(1 for i, st in enumerate(tb.steps)
+                    if st.type != "nop" and not (st.type in ("s", "r") and (t, i) in folds))
+                for t, tb in enumerate(code.tbs)), default=0)
+
+
+def probe_split(split: int, most: int, place: Callable[[int, int | None], list[Move]], rank: int,
+                demand: Demand, aliased: bool, open_alias: bool, pace: Callable[[int], int] | None,
+                lim: RuntimeLimits, options: LowerOptions) -> int:
+    """The channel groups to lower every rank with first: from `split` up, the first count at which
+    `rank` (the busiest), lowered alone, keeps its thread blocks within the step limit. Where that
+    rank has the worst block this is the count `lower` would reach by lowering every rank at each
+    count, for a GPUs-th of the work (at 512 GPUs two full passes of 30 s each found blocks too long);
+    where another rank is worse, `lower` goes on from here as before."""
+    while split < most:
+        moves = place(split, rank)
+        outs = [m for m in moves if m.src == rank]
+        ins = [m for m in moves if m.dst == rank]
+        identity: Callable[[Slot], Slot] = lambda s: s
+        code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or identity,
+                          pace, False, lim.max_nodes, options.pair_peers)
+        if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
+            code = lower_rank(rank, outs, ins, demand, identity, pace, False, lim.max_nodes, options.pair_peers)
+        worst = kept_steps(code, outs, ins, options.instances)
+        if worst <= lim.max_steps:
+            break
+        split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
+    return split
+
+
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
           where: dict | None = None) -> Program:
     """where: if given (and options.instances is 1), filled with schedule transfer index ->
@@ -334,15 +379,20 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     if most < 1:
         raise LoweringError(f"lowering: {options.instances} instances x {per_group // options.instances} parallel "
                             f"lanes need {per_group} channels; MSCCL allows {MAX_CHANNELS}; use fewer --instances")
-    split = min(most, first_split(schedule, lanes, lim.max_steps))
     pace = pace_window(topology, options)
     widths = None  # without runtime costs a thread block has no rate cap: every instance is its own channel
     if options.fit_lanes and topology.costs is not None:
         widths = lane_widths(schedule, topology, levels, options.instances, link_lanes(topology, options.proto).__getitem__)
+
+    def place(split: int, rank: int | None = None) -> list[Move]:
+        return place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
+                           SLOTS[options.proto], topology, widths, rank)
+
+    split = probe_split(min(most, first_split(schedule, lanes, lim.max_steps)), most, place, busiest_rank(schedule),
+                        demand, can_alias, options.inplace is None, pace, lim, options)
     pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     while True:
-        moves = place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
-                            SLOTS[options.proto], topology, widths)
+        moves = place(split)
         while True:
             open_alias = can_alias and options.inplace is None  # whether in-place use is still to be found out
 
