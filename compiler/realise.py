@@ -17,9 +17,10 @@ gains) and while the runtimes' limits allow it; a count whose lowering would not
 is passed over (a smaller one may still fit); it ends once a program is within `enough_s` (the
 pipeline's --good-enough share of the program floor: no other could gain more than the rest).
 Each count is lowered with lane-aware placement and, where it fits and time allows, with every
-send and receive peer on a thread block of its own (LowerOptions.pair_peers; a program of
-LARGE_PROGRAM transfers or more tries that at its best count only, after the search) and with
-every instance on its own channel (LowerOptions.fit_lanes). A limit that stops the search is noted,
+send and receive peer on a thread block of its own (LowerOptions.pair_peers), with one more run of
+sends in flight on each paced link (LowerOptions.pace_ahead, k > 1) and with every instance on its
+own channel (LowerOptions.fit_lanes); a program of LARGE_PROGRAM transfers or more tries the first
+two at its best count only, after the search. A limit that stops the search is noted,
 never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -130,7 +131,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         took[k] = first[0]
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
         # other placements at this count (a large program tries peers on blocks of their own once, below)
-        variants = ([] if large else [{"pair_peers": False}]) + ([{"fit_lanes": False}] if k > 1 else [])
+        variants = ([] if large else [{"pair_peers": False}]) \
+            + ([{"pace_ahead": 1}] if k > 1 and options.pace and not large else []) \
+            + ([{"fit_lanes": False}] if k > 1 else [])
         for variant in variants:
             if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
                 break
@@ -159,11 +162,16 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if not counts:
             break
     _, p, k, program, timing = best
-    if large and enough is None and (enough_s is None or best[0] > enough_s) \
-            and time.perf_counter() + took[k] < stop_at:
-        own = {p: (program, timing)}  # the best count again, every send and receive peer on a block of its own
-        _keep_faster(own, schedule, topology, replace(base, instances=k, pair_peers=False), stop_at)
-        if own[p][1].finish_time_s < best[0]:
+    # a large program tries its other placements at its best count only: one more run in flight on paced links
+    # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
+    # send and receive peer on a block of its own
+    for variant in ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]:
+        if not large or enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
+                or time.perf_counter() + took[k] >= stop_at:
+            break
+        own = {p: (program, timing)}
+        _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), stop_at)
+        if own[p][1].finish_time_s < timing.finish_time_s:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
     return Realisation(program, timing, k, tuple(tried), stopped, enough)
@@ -197,7 +205,9 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
     every send and receive peer on a thread block of its own (pair_peers off: a block that both
     sends to and receives from a peer takes turns, which halves a busy NVSwitch fan-out; more
     blocks can also lose, where more of them than a link's lanes contend first come, first served),
-    or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
+    one more run in flight on paced links (pace_ahead: the lanes of a link whose runs start and end
+    together idle through each step latency; the extra run can also lose, taking a lane out of
+    schedule order), or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
     latency, not a link's lanes, limits a transfer), if the thread blocks fit."""
     try:
         other = _time_all(schedule, topology, options, tuple(timed), stop_at)

@@ -106,7 +106,8 @@ class RankCode:
 
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
-               pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True) -> RankCode:
+               pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
+               pace_ahead: int = 0) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -117,13 +118,16 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     its thread block. Without it, concurrent thread blocks share the link in whatever order they
     run. Pacing is an order, not a correctness need: where a wait costs a nop and the rank would
     store more than `max_nodes` XML nodes (1 + GPUs + thread blocks + steps), the rank is lowered
-    again pacing only as many sends through nops as fit (the first ones)."""
+    again pacing only as many sends through nops as fit (the first ones). pace_ahead: runs in flight
+    on a link beyond that (each run pays the step latency after its hold, with every lane idle when
+    the runs in flight are whole transfers started together; runs beyond the lanes take them first
+    come, first served)."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
             widest[m.lane[0]] = max(widest.get(m.lane[0], 1), m.width)
         lanes = pace
-        pace = lambda link: -(-lanes(link) // widest[link]) * widest[link]
+        pace = lambda link: -(-lanes(link) // widest[link]) * widest[link] + pace_ahead
     budget = None  # pacing waits that may cost a nop (None: all)
     while True:
         ops = rank_ops(rank, moves_out, moves_in, demand)
