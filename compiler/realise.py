@@ -18,9 +18,10 @@ is passed over (a smaller one may still fit); it ends once a program is within `
 pipeline's --good-enough share of the program floor: no other could gain more than the rest).
 Each count is lowered with lane-aware placement and, where it fits and time allows, with every
 send and receive peer on a thread block of its own (LowerOptions.pair_peers), with one more run of
-sends in flight on each paced link (LowerOptions.pace_ahead, k > 1) and with every instance on its
-own channel (LowerOptions.fit_lanes); a program of LARGE_PROGRAM transfers or more tries the first
-two at its best count only, after the search. A limit that stops the search is noted,
+sends in flight on each paced link (LowerOptions.pace_ahead, k > 1), with sends through a NIC gated
+by the receive planned just before them (LowerOptions.gate_slow, where some path is slow) and with
+every instance on its own channel (LowerOptions.fit_lanes); a program of LARGE_PROGRAM transfers or
+more tries the first two at its best count only, after the search. A limit that stops the search is noted,
 never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -107,6 +108,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
         protos = tuple(sorted(protos, key=ideal.__getitem__))
     large = len(schedule.transfers) >= LARGE_PROGRAM
+    gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
     counts = [options.instances] if fixed else [1]
@@ -133,6 +135,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         # other placements at this count (a large program tries peers on blocks of their own once, below)
         variants = ([] if large else [{"pair_peers": False}]) \
             + ([{"pace_ahead": 1}] if k > 1 and options.pace and not large else []) \
+            + ([{"gate_slow": True}] if gated and not large else []) \
             + ([{"fit_lanes": False}] if k > 1 else [])
         for variant in variants:
             if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
@@ -177,6 +180,18 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     return Realisation(program, timing, k, tuple(tried), stopped, enough)
 
 
+def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:
+    """Whether some transfer takes a path slower than the fastest link (through a NIC, where
+    LowerOptions.gate_slow can order the ranks that share one)."""
+    fastest, seen = topology.fastest_bandwidth, set()
+    for t in schedule.transfers:
+        if t.path not in seen:
+            seen.add(t.path)
+            if topology.path_bandwidth(t.path) < fastest:
+                return True
+    return False
+
+
 def instance_order(first: set[int], others: set[int]) -> list[int]:
     """The instances tried after 1, in order: the count that saturates the widest GPU link under
     the fastest protocol so far (from `first`; the likeliest winner for a large transfer, tried
@@ -207,7 +222,10 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
     blocks can also lose, where more of them than a link's lanes contend first come, first served),
     one more run in flight on paced links (pace_ahead: the lanes of a link whose runs start and end
     together idle through each step latency; the extra run can also lose, taking a lane out of
-    schedule order), or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
+    schedule order), sends through a NIC gated by the receive their rank is planned to have just
+    before them (gate_slow: two ranks sharing a NIC take it first come, first served, out of the
+    schedule's order, unless something makes the later one wait; the gate can also delay a send
+    behind a receive that runs late), or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
     latency, not a link's lanes, limits a transfer), if the thread blocks fit."""
     try:
         other = _time_all(schedule, topology, options, tuple(timed), stop_at)

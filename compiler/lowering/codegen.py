@@ -14,6 +14,8 @@ rrs step), then `_RankGen` emits the steps in key order (a fused op at its recei
 
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
@@ -107,7 +109,7 @@ class RankCode:
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
-               pace_ahead: int = 0) -> RankCode:
+               pace_ahead: int = 0, gate_slow: bool = False) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -121,7 +123,9 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     again pacing only as many sends through nops as fit (the first ones). pace_ahead: runs in flight
     on a link beyond that (each run pays the step latency after its hold, with every lane idle when
     the runs in flight are whole transfers started together; runs beyond the lanes take them first
-    come, first served)."""
+    come, first served). gate_slow: a send over a slow path (through a NIC) also waits for the
+    latest receive of the rank that the schedule has arrive before the send starts, so that ranks
+    sharing a NIC take it in about the schedule's order instead of first come, first served."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
@@ -133,7 +137,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         ops = rank_ops(rank, moves_out, moves_in, demand)
         by_chunk, weights = link_forwards(ops)
         tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers)
-        gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace)
+        gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow)
         for unit in fuse(ops, len(tbs)):
             gen.emit(unit)
         excess = 0 if max_nodes is None else 1 + demand.ngpus + len(tbs) + sum(len(tb.steps) for tb in tbs) - max_nodes
@@ -301,9 +305,9 @@ class _RankGen:
     """Emits one rank's units in key order, tracking where each chunk's current value lives."""
 
     def __init__(self, rank: int, demand: Demand, by_chunk: dict[int, list[Op]], copy_tb: dict[int, int],
-                 em: _Emitter, pace: Callable[[int], int] | None):
-        self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace = \
-            rank, demand.reduce, by_chunk, copy_tb, em, pace
+                 em: _Emitter, pace: Callable[[int], int] | None, gate_slow: bool = False):
+        self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace, self.gate_slow = \
+            rank, demand.reduce, by_chunk, copy_tb, em, pace, gate_slow
         self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in demand.chunks if rank in c.sources}
         self.dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in demand.chunks if rank in c.dests}
         self.cur: dict[int, Slot | None] = {} if self.reduce else {c: ("i", i) for c, i in self.src_idx.items()}
@@ -311,6 +315,8 @@ class _RankGen:
         self.send_at: dict[int, tuple[int, int]] = {}
         self.recv_at: dict[int, tuple[int, int]] = {}
         self.sends: dict[int, list[tuple[int, int]]] = {}  # outgoing link -> its runs' first send steps so far
+        self.arrivals: list[tuple[int, int, tuple[int, int]]] = []  # heap of (arrive epoch, pos, step) of receives
+        self.gate: tuple[int, int] | None = None  # the latest receive planned to arrive before the current send
 
     def landing(self, c: int) -> Slot:
         if c in self.dst_idx:
@@ -340,14 +346,24 @@ class _RankGen:
                 return False
         return op.chunk in self.dst_idx
 
-    def paced(self, send: Op) -> tuple[int, int] | None:
-        if self.pace is None:
-            return None
+    def paced(self, send: Op) -> tuple[tuple[int, int], ...]:
+        """The steps the first send of a run waits for besides its data: the send w runs before it
+        on its link (pacing) and, with gate_slow on a slow path, the gate. Receives are emitted in
+        key order and a send's level is at least its start, so the gate has a smaller key."""
         if not send.move.head:
-            return None
-        before = self.sends.get(send.move.lane[0], ())
-        w = self.pace(send.move.lane[0])
-        return before[-w] if len(before) >= w else None
+            return ()
+        out = []
+        if self.gate_slow and send.move.slow:
+            while self.arrivals and self.arrivals[0][0] <= send.move.level:
+                self.gate = heapq.heappop(self.arrivals)[2]
+            if self.gate is not None:
+                out.append(self.gate)
+        if self.pace is not None:
+            before = self.sends.get(send.move.lane[0], ())
+            w = self.pace(send.move.lane[0])
+            if len(before) >= w:
+                out.append(before[-w])
+        return tuple(out)
 
     def sent(self, send: Op, at: tuple[int, int]) -> None:
         self.send_at[send.move.pos] = at
@@ -400,6 +416,8 @@ class _RankGen:
                 idx = em.emit(t, "rrcs", local, d, (local,), (d,), after=self.paced(fused))
             self.cur[c] = d
         self.recv_at[op.move.pos] = (t, idx)
+        if self.gate_slow:
+            heapq.heappush(self.arrivals, (op.move.arrive, op.move.pos, (t, idx)))
         if fused is not None:
             self.sent(fused, (t, idx))
 
@@ -428,10 +446,10 @@ class _Emitter:
         self.seq = 0
 
     def emit(self, tb: int, kind: str, src: Slot, dst: Slot, reads: tuple[Slot, ...],
-             writes: tuple[Slot, ...], clobbers: bool = True, after: tuple[int, int] | None = None) -> int:
+             writes: tuple[Slot, ...], clobbers: bool = True, after: tuple[tuple[int, int], ...] = ()) -> int:
         """Append a step (after the nops its dependencies need); returns its index. A write that
-        does not clobber (an in-place self-copy) still orders other accesses to the slot. `after`
-        is one more step to wait for (send pacing)."""
+        does not clobber (an in-place self-copy) still orders other accesses to the slot. `after`:
+        more steps to wait for (send pacing and gates: _RankGen.paced)."""
         need: dict[int, int] = {}
 
         def want(target: tuple[int, int] | None) -> None:
@@ -448,8 +466,9 @@ class _Emitter:
                 want(r)
         known = self.known[tb]
         deps = sorted((d, k) for d, k in need.items() if known[d] < k)
-        if after is not None:
-            want(after)
+        if after:
+            for target in after:
+                want(target)
             paced = sorted((d, k) for d, k in need.items() if known[d] < k)
             if len(paced) > max(1, len(deps)):  # the pacing wait costs a nop
                 if self.pace_budget is None or self.pace_nops < self.pace_budget:

@@ -111,6 +111,7 @@ class LowerOptions:
     pair_peers: bool = True  # a send and a receive peer that forward nothing between them may share a thread
     # block (fewer blocks; their steps take turns); False gives each its own, an error where the blocks do not fit
     pace_ahead: int = 0  # runs in flight on a paced link beyond its lanes (codegen.lower_rank)
+    gate_slow: bool = False  # a send through a NIC waits for the rank's receive planned just before it (codegen)
 
 
 def check_options(o: LowerOptions) -> None:
@@ -296,7 +297,7 @@ def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], in
 def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
-                 pace_ahead: int = 0) -> tuple[list[RankCode], bool]:
+                 pace_ahead: int = 0, gate_slow: bool = False) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
@@ -308,7 +309,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     codes = []
     for r in range(demand.ngpus):
         codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity,
-                                pace, pair_slow, max_nodes, pair_peers, pace_ahead))
+                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow))
         if stop is not None and stop(codes[-1]):
             return codes, False
     fill_remote_fields(codes, moves)
@@ -351,10 +352,10 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         ins = [m for m in moves if m.dst == rank]
         identity: Callable[[Slot], Slot] = lambda s: s
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or identity,
-                          pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead)
+                          pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             code = lower_rank(rank, outs, ins, demand, identity, pace, False, lim.max_nodes, options.pair_peers,
-                              options.pace_ahead)
+                              options.pace_ahead, options.gate_slow)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             break
@@ -406,7 +407,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                 return len(code.tbs) > lim.max_tbs and (not options.pair_peers or not (open_alias or pair_slow))
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
-                                        options.pair_peers, stop, options.pace_ahead)
+                                        options.pair_peers, stop, options.pace_ahead, options.gate_slow)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
@@ -428,6 +429,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
     if not options.pair_peers:
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
+    if options.gate_slow:
+        notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
