@@ -21,8 +21,8 @@ send and receive peer on a thread block of its own (LowerOptions.pair_peers), wi
 sends in flight on each paced link (LowerOptions.pace_ahead, k > 1), with sends through a NIC gated
 by the receive planned just before them (LowerOptions.gate_slow, where some path is slow) and with
 every instance on its own channel (LowerOptions.fit_lanes); a program of LARGE_PROGRAM transfers or
-more tries the first two at its best count only, after the search. A limit that stops the search is noted,
-never an error unless no program at all fits. One lowering serves every protocol with
+more tries the first two at its best count only, after the search. A limit that stops the search
+is noted, never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
 
@@ -225,8 +225,9 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
     schedule order), sends through a NIC gated by the receive their rank is planned to have just
     before them (gate_slow: two ranks sharing a NIC take it first come, first served, out of the
     schedule's order, unless something makes the later one wait; the gate can also delay a send
-    behind a receive that runs late), or every instance on its own channel (fit_lanes off: can beat lane-aware placement where step
-    latency, not a link's lanes, limits a transfer), if the thread blocks fit."""
+    behind a receive that runs late), or every instance on its own channel (fit_lanes off: can beat
+    lane-aware placement where step latency, not a link's lanes, limits a transfer), if the thread
+    blocks fit."""
     try:
         other = _time_all(schedule, topology, options, tuple(timed), stop_at)
     except CompileError:

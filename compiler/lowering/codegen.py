@@ -15,7 +15,6 @@ rrs step), then `_RankGen` emits the steps in key order (a fused op at its recei
 from __future__ import annotations
 
 import heapq
-
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
