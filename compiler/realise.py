@@ -48,6 +48,7 @@ PAYS = 0.98  # a doubling of instances must cut the time below this share of the
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
+CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -132,15 +133,21 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             continue
         took[k] = first[0]
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
-        # other placements at this count (a large program tries peers on blocks of their own once, below)
-        variants = ([] if large else [{"pair_peers": False}]) \
-            + ([{"pace_ahead": 1}] if k > 1 and options.pace and not large else []) \
-            + ([{"gate_slow": True}] if gated and not large else []) \
-            + ([{"fit_lanes": False}] if k > 1 else [])
-        for variant in variants:
+        # other placements at this count (a large program tries them at its best count only, below); the
+        # pacing ones with the count's best protocol only (each is one more lowering per protocol: with every
+        # protocol they doubled the time auto spends judging a candidate, and it judged fewer)
+        variants = ([] if large else [({"pair_peers": False}, False)]) \
+            + ([({"pace_ahead": 1}, True)] if k > 1 and options.pace and not large else []) \
+            + ([({"gate_slow": True}, True)] if gated and not large else []) \
+            + ([({"fit_lanes": False}, False)] if k > 1 else [])
+        for variant, best_only in variants:
             if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
                 break
-            _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at)
+            leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+            if best_only and best is not None and timed[leader][1].finish_time_s > CONTENDS * best[0]:
+                continue  # a count this far behind the best is not worth another lowering
+            _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at,
+                         (leader,) if best_only else None)
             reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
@@ -215,7 +222,7 @@ def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
 
 
 def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
-                 options: LowerOptions, stop_at: float) -> None:
+                 options: LowerOptions, stop_at: float, only: tuple[str, ...] | None = None) -> None:
     """Replace a protocol's program in `timed` by one lowered with `options` where that is faster:
     every send and receive peer on a thread block of its own (pair_peers off: a block that both
     sends to and receives from a peer takes turns, which halves a busy NVSwitch fan-out; more
@@ -227,9 +234,9 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
     schedule's order, unless something makes the later one wait; the gate can also delay a send
     behind a receive that runs late), or every instance on its own channel (fit_lanes off: can beat
     lane-aware placement where step latency, not a link's lanes, limits a transfer), if the thread
-    blocks fit."""
+    blocks fit. only: the protocols to try it with (default: every one in `timed`)."""
     try:
-        other = _time_all(schedule, topology, options, tuple(timed), stop_at)
+        other = _time_all(schedule, topology, options, only or tuple(timed), stop_at)
     except CompileError:
         return
     for p, (prog, t) in other.items():
