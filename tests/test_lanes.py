@@ -3,12 +3,16 @@ program timer under the runtime cost model, never by wall clock)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from backends.msccl_xml import to_xml
 from compiler.analysis.simulate import simulate
 from compiler.lowering.codegen import pair_thread_blocks
 from compiler.lowering.lower import LowerOptions, lower, runtime_limits
-from compiler.model.demand import Chunk, Demand
+from compiler.model.demand import Chunk, Demand, make_demand
 from compiler.model.schedule import Schedule, Transfer
+from compiler.planners import PlanOptions
+from compiler.planners.registry import get
 from compiler.program.timing import time_program
 from compiler.program.verify import verify
 from compiler.realise import instance_order, realise, saturating_counts
@@ -97,28 +101,33 @@ def test_every_gpu_link_s_saturating_count_comes_before_the_doublings(topo):
     assert order[:2] == sorted(counts, reverse=True) and order[2:4] == [2, 4]
 
 
+def _placement_wins(s, topo, base: LowerOptions, note: str, gain: float, **variant):
+    """Lower `s` with `base` and with `variant` on top: the variant's program verifies, says `note`
+    (the base's does not), is timed at most `gain` x the base's, and realise (base's protocol and
+    instances) keeps it. Returns the two programs."""
+    plain = lower(s, topo, base)
+    other = lower(s, topo, replace(base, **variant))
+    assert verify(other, "all", s.demand.split(base.instances), topo.sms).ok
+    assert any(note in n for n in other.notes) and not any(note in n for n in plain.notes)
+    fast = time_program(other, topo, s.demand.size_bytes).finish_time_s
+    assert fast < gain * time_program(plain, topo, s.demand.size_bytes).finish_time_s
+    r = realise(s, topo, base, "all")
+    assert r.timing.finish_time_s <= fast * 1.0001
+    assert any(note in n for n in r.program.notes)
+    return plain, other
+
+
 def test_a_peer_s_two_directions_get_thread_blocks_of_their_own_where_that_is_faster(topo):
     """Direct allgather on one DGX A100 node, 1 GB: a thread block that both sends to and receives
     from a peer takes turns between the two; with every send and receive peer on a block of its
     own the timer finds the program faster, it verifies, and realise keeps it."""
-    from compiler.model.demand import make_demand
-    from compiler.planners import PlanOptions
-    from compiler.planners.registry import get
-
     t = topo("dgx-a100")
-    d = make_demand("allgather", t.ngpus, 1 << 30)
-    s = get("direct")(t, d, PlanOptions())
-    paired = lower(s, t, LowerOptions())
-    own = lower(s, t, LowerOptions(pair_peers=False))
-    assert to_xml(own) == to_xml(lower(s, t, LowerOptions(pair_peers=False)))
-    assert verify(own, "all", d, t.sms).ok
+    s = get("direct")(t, make_demand("allgather", t.ngpus, 1 << 30), PlanOptions())
+    paired, own = _placement_wins(s, t, LowerOptions(proto="Simple"), "a thread block of its own", 0.8,
+                                  pair_peers=False)
+    assert to_xml(own) == to_xml(lower(s, t, LowerOptions(proto="Simple", pair_peers=False)))
     assert any(tb.send >= 0 and tb.recv >= 0 for g in paired.gpus for tb in g.tbs)
     assert all(tb.send < 0 or tb.recv < 0 for g in own.gpus for tb in g.tbs)
-    fast = time_program(own, t, d.size_bytes).finish_time_s
-    assert fast < 0.8 * time_program(paired, t, d.size_bytes).finish_time_s
-    r = realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
-    assert r.timing.finish_time_s <= fast * 1.0001
-    assert any("a thread block of its own" in n for n in r.program.notes)
 
 
 def test_one_more_run_in_flight_on_paced_links_where_that_is_faster(topo):
@@ -126,23 +135,10 @@ def test_one_more_run_in_flight_on_paced_links_where_that_is_faster(topo):
     together, so its lanes idle through each step latency; one more run in flight (pace_ahead)
     covers it. The timer finds that program faster, it verifies, the note says so, and realise
     keeps it (it is a variant it tries, not a rule: on DGX H100 x 4 it is slower)."""
-    from compiler.model.demand import make_demand
-    from compiler.planners import PlanOptions
-    from compiler.planners.registry import get
-
     t = topo("dgx-h100", 2)
-    d = make_demand("allgather", t.ngpus, 1 << 28)
-    s = get("hier")(t, d, PlanOptions())
-    paced = lower(s, t, LowerOptions(instances=4))
-    ahead = lower(s, t, LowerOptions(instances=4, pace_ahead=1))
-    assert verify(ahead, "all", d.split(4), t.sms).ok
-    assert any("1 more run of sends in flight" in n for n in ahead.notes)
-    assert not any("in flight" in n for n in paced.notes)
-    fast = time_program(ahead, t, d.size_bytes).finish_time_s
-    assert fast < 0.95 * time_program(paced, t, d.size_bytes).finish_time_s
-    r = realise(s, t, LowerOptions(proto="Simple", instances=4), "all")
-    assert r.timing.finish_time_s <= fast * 1.0001
-    assert any("in flight" in n for n in r.program.notes)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
+    _placement_wins(s, t, LowerOptions(proto="Simple", instances=4), "1 more run of sends in flight", 0.95,
+                    pace_ahead=1)
 
 
 def test_sends_through_a_shared_nic_wait_for_their_planned_turn_where_that_is_faster(topo):
@@ -151,20 +147,6 @@ def test_sends_through_a_shared_nic_wait_for_their_planned_turn_where_that_is_fa
     each send through a NIC on the receive its rank is planned to have just before it restores
     about that order: the timer finds the program faster, it verifies, the note says so, and
     realise keeps it."""
-    from compiler.model.demand import make_demand
-    from compiler.planners import PlanOptions
-    from compiler.planners.registry import get
-
     t = topo("dgx2", 2)
-    d = make_demand("alltoall", t.ngpus, 1 << 30)
-    s = get("lp")(t, d, PlanOptions(time_limit=30))
-    free = lower(s, t, LowerOptions(proto="LL128", instances=4))
-    gated = lower(s, t, LowerOptions(proto="LL128", instances=4, gate_slow=True))
-    assert verify(gated, "all", d.split(4), t.sms).ok
-    assert any("through a NIC waits" in n for n in gated.notes)
-    assert not any("through a NIC waits" in n for n in free.notes)
-    fast = time_program(gated, t, d.size_bytes).finish_time_s
-    assert fast < 0.95 * time_program(free, t, d.size_bytes).finish_time_s
-    r = realise(s, t, LowerOptions(proto="LL128", instances=4), "all")
-    assert r.timing.finish_time_s <= fast * 1.0001
-    assert any("through a NIC waits" in n for n in r.program.notes)
+    s = get("lp")(t, make_demand("alltoall", t.ngpus, 1 << 30), PlanOptions(time_limit=30))
+    _placement_wins(s, t, LowerOptions(proto="LL128", instances=4), "through a NIC waits", 0.95, gate_slow=True)
