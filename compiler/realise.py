@@ -175,8 +175,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     # a large program tries its other placements at its best count only: one more run in flight on paced links
     # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
     # send and receive peer on a block of its own
-    for variant in ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]:
-        if not large or enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
+    for variant in (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]) if large else ():
+        if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
                 or time.perf_counter() + took[k] >= stop_at:
             break
         own = {p: (program, timing)}
