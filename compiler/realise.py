@@ -16,12 +16,15 @@ after it does (a step that splits chunks without filling a link can lose what th
 gains) and while the runtimes' limits allow it; a count whose lowering would not finish in time
 is passed over (a smaller one may still fit); it ends once a program is within `enough_s` (the
 pipeline's --good-enough share of the program floor: no other could gain more than the rest).
-Each count is lowered with lane-aware placement and, where it fits and time allows, with every
-send and receive peer on a thread block of its own (LowerOptions.pair_peers), with one more run of
-sends in flight on each paced link (LowerOptions.pace_ahead, k > 1), with sends through a NIC gated
-by the receive planned just before them (LowerOptions.gate_slow, where some path is slow) and with
-every instance on its own channel (LowerOptions.fit_lanes); a program of LARGE_PROGRAM transfers or
-more tries the first two at its best count only, after the search. A limit that stops the search
+Each count is lowered with lane-aware placement and, where it fits and time allows, first with
+sends not paced at all (LowerOptions.pace off: small sends are latency-bound, and a paced link
+serialises the step latencies the plan overlaps) and with one more run of sends in flight on each
+paced link (LowerOptions.pace_ahead: 1, then 3 and 7 while a wider window pays), each with the
+count's best protocol, then with every send and receive peer on a thread block of its own
+(LowerOptions.pair_peers), with sends through a NIC gated by the receive planned just before them
+(LowerOptions.gate_slow, where some path is slow) and with every instance on its own channel
+(LowerOptions.fit_lanes), then the best of each kind that paid together; a program of LARGE_PROGRAM transfers or more tries pace_ahead (k > 1) and
+pair_peers at its best count only, after the search. A limit that stops the search
 is noted, never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -48,6 +51,7 @@ PAYS = 0.98  # a doubling of instances must cut the time below this share of the
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
+MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
@@ -135,20 +139,39 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
         # other placements at this count (a large program tries them at its best count only, below); the
         # pacing ones with the count's best protocol only (each is one more lowering per protocol: with every
-        # protocol they doubled the time auto spends judging a candidate, and it judged fewer)
-        variants = ([] if large else [({"pair_peers": False}, False)]) \
-            + ([({"pace_ahead": 1}, True)] if k > 1 and options.pace and not large else []) \
+        # protocol they doubled the time auto spends judging a candidate, and it judged fewer), and first (one
+        # lowering each, and the largest gains where small sends are latency-bound)
+        variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
+                    else []) \
+            + ([] if large else [({"pair_peers": False}, False)]) \
             + ([({"gate_slow": True}, True)] if gated and not large else []) \
             + ([({"fit_lanes": False}, False)] if k > 1 else [])
+        # each placement alone, then the best of each kind that paid together (greedily on top of each other
+        # they lose where a first one that pays alone spoils a better second: pace_ahead before gate_slow)
+        plain_s = min(t.finish_time_s for _, t in timed.values())
+        paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
+        window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
         for variant, best_only in variants:
             if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
                 break
             leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
             if best_only and best is not None and timed[leader][1].finish_time_s > CONTENDS * best[0]:
                 continue  # a count this far behind the best is not worth another lowering
-            _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at,
-                         (leader,) if best_only else None)
+            got = _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at,
+                               (leader,) if best_only else None)
+            kind = "pace" if "pace" in variant else next(iter(variant))
+            mine = got.get(leader)
+            if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
+                paid[kind] = (mine, variant)
+            if variant.get("pace_ahead") and mine is not None and mine < window_s:
+                window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
+                if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
+                    variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
             reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        if len(paid) > 1 and not reached and time.perf_counter() + first[0] < stop_at:  # one lowering's time left
+            leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+            together = {key: v for _, variant in paid.values() for key, v in variant.items()}
+            _keep_faster(timed, schedule, topology, replace(base, instances=k, **together), stop_at, (leader,))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
@@ -222,26 +245,30 @@ def saturating_counts(topology: Topology, protos: tuple[str, ...]) -> set[int]:
 
 
 def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
-                 options: LowerOptions, stop_at: float, only: tuple[str, ...] | None = None) -> None:
+                 options: LowerOptions, stop_at: float, only: tuple[str, ...] | None = None) -> dict[str, float]:
     """Replace a protocol's program in `timed` by one lowered with `options` where that is faster:
     every send and receive peer on a thread block of its own (pair_peers off: a block that both
     sends to and receives from a peer takes turns, which halves a busy NVSwitch fan-out; more
     blocks can also lose, where more of them than a link's lanes contend first come, first served),
-    one more run in flight on paced links (pace_ahead: the lanes of a link whose runs start and end
-    together idle through each step latency; the extra run can also lose, taking a lane out of
-    schedule order), sends through a NIC gated by the receive their rank is planned to have just
-    before them (gate_slow: two ranks sharing a NIC take it first come, first served, out of the
+    sends not paced (pace off: a paced link lets a send go only when the one before it is done, step
+    latency included, which serialises latency-bound small transfers the plan overlaps), more runs
+    in flight on paced links (pace_ahead: the lanes of a link whose runs start and end together
+    idle through each step latency; the extra runs can also lose, taking a lane out of schedule
+    order), sends through a NIC gated by the receive their rank is planned to have just before
+    them (gate_slow: two ranks sharing a NIC take it first come, first served, out of the
     schedule's order, unless something makes the later one wait; the gate can also delay a send
     behind a receive that runs late), or every instance on its own channel (fit_lanes off: can beat
     lane-aware placement where step latency, not a link's lanes, limits a transfer), if the thread
-    blocks fit. only: the protocols to try it with (default: every one in `timed`)."""
+    blocks fit. only: the protocols to try it with (default: every one in `timed`). Returns each
+    one's time with `options` (none where the blocks do not fit)."""
     try:
         other = _time_all(schedule, topology, options, only or tuple(timed), stop_at)
     except CompileError:
-        return
+        return {}
     for p, (prog, t) in other.items():
         if t.finish_time_s < timed[p][1].finish_time_s:
             timed[p] = (prog, t)
+    return {p: t.finish_time_s for p, (_, t) in other.items()}
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],

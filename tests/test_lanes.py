@@ -150,3 +150,50 @@ def test_sends_through_a_shared_nic_wait_for_their_planned_turn_where_that_is_fa
     t = topo("dgx2", 2)
     s = get("lp")(t, make_demand("alltoall", t.ngpus, 1 << 30), PlanOptions(time_limit=30))
     _placement_wins(s, t, LowerOptions(proto="LL128", instances=4), "through a NIC waits", 0.95, gate_slow=True)
+
+
+def test_unpaced_sends_where_the_links_are_latency_bound(topo):
+    """DGX-2 x 2 direct alltoall, 1 KB, LL: each rank sends 16 messages of a few bytes through its
+    NIC. Paced, each waits for the one before it, step latency included (2.7 us each); the plan
+    overlaps them. Unpaced, the program is several times faster, verifies, says so, and realise
+    keeps it."""
+    t = topo("dgx2", 2)
+    s = get("direct")(t, make_demand("alltoall", t.ngpus, 896), PlanOptions())
+    _placement_wins(s, t, LowerOptions(proto="LL"), "not paced", 0.5, pace=False)
+
+
+def test_placements_that_pay_are_kept_together(topo):
+    """DGX-2 x 2 hier allgather, 1 MB in 2 chunks, LL at 1 instance: unpaced sends and every peer on
+    a block of its own each beat the plain program, and together they beat either alone; realise
+    tries each on top of those that paid, so it keeps both (it verifies, and both notes say so)."""
+    t = topo("dgx2", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 10**6, 2), PlanOptions())
+    size = s.demand.size_bytes
+    alone = {kw: time_program(lower(s, t, LowerOptions(proto="LL", **{kw: False})), t, size).finish_time_s
+             for kw in ("pace", "pair_peers")}
+    plain = time_program(lower(s, t, LowerOptions(proto="LL")), t, size).finish_time_s
+    both = lower(s, t, LowerOptions(proto="LL", pace=False, pair_peers=False))
+    together = time_program(both, t, size).finish_time_s
+    assert max(alone.values()) < plain and together < min(alone.values())
+    r = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    assert r.timing.finish_time_s <= together * 1.0001
+    assert verify(r.program, "all", s.demand, t.sms).ok
+    assert any("not paced" in n for n in r.program.notes)
+    assert any("a thread block of its own" in n for n in r.program.notes)
+
+
+def test_a_wider_run_ahead_window_is_tried_while_it_pays(topo):
+    """DGX-2 x 2 alltoall (LP plan), 64 KB, LL at 1 instance: each NIC send holds its link for about
+    a tenth of the step latency after it, so one more run in flight beats the paced program, three
+    more beat one, and unpaced sends lose (they crowd the receiving NICs out of the planned order).
+    realise widens the window while it pays and keeps the program with three."""
+    t = topo("dgx2", 2)
+    s = get("lp")(t, make_demand("alltoall", t.ngpus, 64000), PlanOptions(time_limit=60))
+    size = s.demand.size_bytes
+    def timed(**kw):
+        return time_program(lower(s, t, LowerOptions(proto="LL", **kw)), t, size).finish_time_s
+    one, three = timed(pace_ahead=1), timed(pace_ahead=3)
+    assert three < one < timed() and three < timed(pace=False)
+    r = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    assert r.timing.finish_time_s <= three * 1.0001
+    assert any("3 more runs of sends in flight" in n for n in r.program.notes)

@@ -431,6 +431,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
     if options.gate_slow:
         notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
+    if not options.pace:
+        notes.append("lowering: sends are not paced: each takes its link's lanes first come, first served")
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
