@@ -23,8 +23,11 @@ paced link (LowerOptions.pace_ahead: 1, then 3 and 7 while a wider window pays),
 count's best protocol, then with every send and receive peer on a thread block of its own
 (LowerOptions.pair_peers), with sends through a NIC gated by the receive planned just before them
 (LowerOptions.gate_slow, where some path is slow) and with every instance on its own channel
-(LowerOptions.fit_lanes), then the best of each kind that paid together; a program of LARGE_PROGRAM transfers or more tries pace_ahead (k > 1) and
-pair_peers at its best count only, after the search. A limit that stops the search
+(LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`). Where a
+chunk takes several kernel iterations, one instance's placements wait until the other counts are
+tried (more instances split such a chunk, and usually win), and are tried only if the most they
+gained at another count would bring it within CONTENDS of the best. A program of LARGE_PROGRAM transfers or more tries
+pace_ahead (k > 1) and pair_peers at its best count only, after the search. A limit that stops the search
 is noted, never an error unless no program at all fits. One lowering serves every protocol with
 the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -122,6 +125,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     stopped = enough = None
     misses = 0
     took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
+    deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
+    gain = 1.0  # the most the other placements sped up a count's program
     while counts:
         k = counts.pop()
         began = time.perf_counter()
@@ -137,41 +142,15 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             continue
         took[k] = first[0]
         reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
-        # other placements at this count (a large program tries them at its best count only, below); the
-        # pacing ones with the count's best protocol only (each is one more lowering per protocol: with every
-        # protocol they doubled the time auto spends judging a candidate, and it judged fewer), and first (one
-        # lowering each, and the largest gains where small sends are latency-bound)
-        variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
-                    else []) \
-            + ([] if large else [({"pair_peers": False}, False)]) \
-            + ([({"gate_slow": True}, True)] if gated and not large else []) \
-            + ([({"fit_lanes": False}, False)] if k > 1 else [])
-        # each placement alone, then the best of each kind that paid together (greedily on top of each other
-        # they lose where a first one that pays alone spoils a better second: pace_ahead before gate_slow)
-        plain_s = min(t.finish_time_s for _, t in timed.values())
-        paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
-        window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
-        for variant, best_only in variants:
-            if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
-                break
-            leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
-            if best_only and best is not None and timed[leader][1].finish_time_s > CONTENDS * best[0]:
-                continue  # a count this far behind the best is not worth another lowering
-            got = _keep_faster(timed, schedule, topology, replace(base, instances=k, **variant), stop_at,
-                               (leader,) if best_only else None)
-            kind = "pace" if "pace" in variant else next(iter(variant))
-            mine = got.get(leader)
-            if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
-                paid[kind] = (mine, variant)
-            if variant.get("pace_ahead") and mine is not None and mine < window_s:
-                window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
-                if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
-                    variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
-            reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
-        if len(paid) > 1 and not reached and time.perf_counter() + first[0] < stop_at:  # one lowering's time left
-            leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
-            together = {key: v for _, variant in paid.values() for key, v in variant.items()}
-            _keep_faster(timed, schedule, topology, replace(base, instances=k, **together), stop_at, (leader,))
+        if not fixed and k == 1 and _several_iterations(timed, topology):
+            # a chunk of several kernel iterations gains from more instances, which split it: its other placements
+            # at one instance wait until the other counts are tried (and are not needed where one reaches enough_s)
+            deferred = timed
+        else:
+            plain_s = min(t.finish_time_s for _, t in timed.values())
+            reached = _placements(timed, schedule, topology, replace(base, instances=k), large, gated,
+                                  stop_at, began, best[0] if best else None, enough_s, first[0]) or reached
+            gain = max(gain, plain_s / min(t.finish_time_s for _, t in timed.values()))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
@@ -194,6 +173,14 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             counts = [c for c in counts if c not in late]
         if not counts:
             break
+    if deferred is not None and enough is None and (enough_s is None or best[0] > enough_s) \
+            and min(t.finish_time_s for _, t in deferred.values()) / gain <= CONTENDS * best[0]:
+        _placements(deferred, schedule, topology, replace(base, instances=1), large, gated, stop_at,
+                    time.perf_counter() - took[1], None, enough_s, took[1])
+        q, (prog, timing) = min(deferred.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
+        tried = [t for t in tried if t[1] != 1] + [(p, 1, t.finish_time_s) for p, (_, t) in deferred.items()]
+        if timing.finish_time_s < best[0]:
+            best = (timing.finish_time_s, q, 1, prog, timing)
     _, p, k, program, timing = best
     # a large program tries its other placements at its best count only: one more run in flight on paced links
     # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
@@ -208,6 +195,58 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
     return Realisation(program, timing, k, tuple(tried), stopped, enough)
+
+
+def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
+                options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
+                behind_s: float | None, enough_s: float | None, lowering_s: float) -> bool:
+    """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
+    with the count's best protocol only (each is one more lowering; with every protocol they doubled
+    the time auto spends judging a candidate, and it judged fewer; and the largest gains are theirs,
+    where small sends are latency-bound), each placement alone, then the best of each kind that
+    paid together (greedily on top of each other they lose where a first one that pays alone spoils
+    a better second: pace_ahead before gate_slow). A large program tries them at its best count
+    only (realise). behind_s: the pacing placements are not tried for a count whose program is over
+    CONTENDS times this (the best so far). Whether a program reached enough_s."""
+    k = options.instances
+    variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
+                else []) \
+        + ([] if large else [({"pair_peers": False}, False)]) \
+        + ([({"gate_slow": True}, True)] if gated and not large else []) \
+        + ([({"fit_lanes": False}, False)] if k > 1 else [])
+    plain_s = min(t.finish_time_s for _, t in timed.values())
+    reached = enough_s is not None and plain_s <= enough_s
+    paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
+    window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
+    for variant, best_only in variants:
+        if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
+            break
+        leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+        if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
+            continue  # a count this far behind is not worth another lowering
+        got = _keep_faster(timed, schedule, topology, replace(options, **variant), stop_at,
+                           (leader,) if best_only else None)
+        kind = "pace" if "pace" in variant else next(iter(variant))
+        mine = got.get(leader)
+        if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
+            paid[kind] = (mine, variant)
+        if variant.get("pace_ahead") and mine is not None and mine < window_s:
+            window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
+            if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
+                variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
+        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+    if len(paid) > 1 and not reached and time.perf_counter() + lowering_s < stop_at:  # one lowering's time left
+        leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+        together = {key: v for _, variant in paid.values() for key, v in variant.items()}
+        _keep_faster(timed, schedule, topology, replace(options, **together), stop_at, (leader,))
+        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+    return reached
+
+
+def _several_iterations(timed: dict[str, tuple[Program, ProgramTiming]], topology: Topology) -> bool:
+    """Whether the fastest program's chunks take more than one kernel iteration of its protocol."""
+    _, timing = min(timed.values(), key=lambda pt: pt[1].finish_time_s)
+    return Costing.of(topology, timing.proto).iterations(timing.chunk_bytes) > 1
 
 
 def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:
