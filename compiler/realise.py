@@ -69,18 +69,23 @@ class Realisation:
     tried: tuple[tuple[str, int, float], ...]  # (proto, instances, program time) of every program timed
     stopped: str | None = None  # why the instances stopped doubling, where a limit stopped them
     enough: str | None = None  # where the search stopped early because a program was good enough
+    passed: tuple[tuple[str, float], ...] = ()  # (proto, ideal program time) of protocols never lowered: their
+    # ideal program was no faster than a program timed already
 
     def notes(self) -> tuple[str, ...]:
         """The choice and the runner-up, as the summary prints them."""
         p, k = self.program.proto, self.instances
         ranked = sorted(self.tried, key=lambda t: t[2])
-        if len(ranked) == 1:
+        if len(ranked) == 1 and not self.passed:
             return ()
         best = ranked[0][2]
         runner = next((t for t in ranked[1:] if (t[0], t[1]) != (p, k)), None)
         line = f"program: {p} with {k} instance{'s' if k > 1 else ''} ({best * 1e6:.1f} us)"
         if runner is not None:
             line += f"; runner-up {runner[0]} with {runner[1]} ({runner[2] * 1e6:.1f} us, {runner[2] / best:.2f}x)"
+        elif self.passed:
+            q, x = min(self.passed, key=lambda px: px[1])
+            line += f"; runner-up {q}, not lowered (its ideal program, {x * 1e6:.1f} us, is no faster)"
         return (line,) + ((f"instances: {self.stopped}",) if self.stopped else ()) \
             + ((f"instances: stopped early, {self.enough}",) if self.enough else ())
 
@@ -131,9 +136,26 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         k = counts.pop()
         began = time.perf_counter()
         first: list[float] = []
+        at_k = replace(base, instances=k)
         try:
-            timed = _time_all(schedule, topology, replace(base, instances=k), protos, stop_at,
-                              ideal if k == 1 or large else None, enough_s, first)
+            try:
+                timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
+                                  enough_s, first)
+            except CompileError:
+                # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
+                # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
+                for fewer in ({"fit_lanes": False}, {"fit_lanes": False, "pace": False}):
+                    if k == 1 or all(getattr(at_k, key) == v for key, v in fewer.items()):
+                        continue
+                    try:
+                        at_k = replace(base, instances=k, **fewer)
+                        timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if large else None,
+                                          enough_s, first)
+                        break
+                    except CompileError:
+                        continue
+                else:
+                    raise
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
                 raise
@@ -148,17 +170,21 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             deferred = timed
         else:
             plain_s = min(t.finish_time_s for _, t in timed.values())
-            reached = _placements(timed, schedule, topology, replace(base, instances=k), large, gated,
+            reached = _placements(timed, schedule, topology, at_k, large, gated,
                                   stop_at, began, best[0] if best else None, enough_s, first[0]) or reached
             gain = max(gain, plain_s / min(t.finish_time_s for _, t in timed.values()))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
-        misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + 1
+        # a count below the best one is a fallback (fewer thread blocks), not a step further: no miss
+        misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + (k > best[2])
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             counts = instance_order(saturating_counts(topology, (p,)), saturating_counts(topology, protos))[::-1]
+            if _latency_bound(timing, topology):
+                stopped, counts = ("1 (a chunk moves in less than one step latency on a thread block; more "
+                                   "instances would only add steps)"), []
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"
             break
@@ -194,7 +220,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if own[p][1].finish_time_s < timing.finish_time_s:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
-    return Realisation(program, timing, k, tuple(tried), stopped, enough)
+    lowered = {q for q, _, _ in tried}
+    return Realisation(program, timing, k, tuple(tried), stopped, enough,
+                       tuple((q, x) for q, x in ideal.items() if q not in lowered))
 
 
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
@@ -213,7 +241,7 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                 else []) \
         + ([] if large else [({"pair_peers": False}, False)]) \
         + ([({"gate_slow": True}, True)] if gated and not large else []) \
-        + ([({"fit_lanes": False}, False)] if k > 1 else [])
+        + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes else [])
     plain_s = min(t.finish_time_s for _, t in timed.values())
     reached = enough_s is not None and plain_s <= enough_s
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
@@ -247,6 +275,16 @@ def _several_iterations(timed: dict[str, tuple[Program, ProgramTiming]], topolog
     """Whether the fastest program's chunks take more than one kernel iteration of its protocol."""
     _, timing = min(timed.values(), key=lambda pt: pt[1].finish_time_s)
     return Costing.of(topology, timing.proto).iterations(timing.chunk_bytes) > 1
+
+
+def _latency_bound(timing: ProgramTiming, topology: Topology) -> bool:
+    """Whether the program's chunks take a thread block less time than one step's latency on every
+    link kind of the topology (its protocol's rates): splitting them over more instances cannot pay."""
+    costing = Costing.of(topology, timing.proto)
+    if costing.cost is None:
+        return False
+    kinds = {l.kind or "nvlink" for l in topology.links}
+    return all(timing.chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
 
 
 def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:

@@ -7,6 +7,7 @@ from compiler.analysis.simulate import simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import make_demand
 from compiler.pipeline import CompileOptions, compile
+from compiler.planners.auto import BEYOND
 from compiler.planners import PlanOptions, plan
 from compiler.program.timing import time_program
 from compiler.specs.errors import CompileError
@@ -70,7 +71,10 @@ def test_program_bound_is_no_less_than_alpha_beta_and_ratios_stay_below_one(topo
     result = compile(t, make_demand("allgather", 8, 4096), CompileOptions(PlanOptions(method="ring")))
     plain = lower_bound(t, "allgather", 4096).time_s
     assert result.planned.lower_bound_s > plain  # launch and one step are paid by any program
-    assert 0 < result.bound_ratio <= result.planned.bound_ratio <= 1 + 1e-9
+    assert 0 < result.bound_ratio <= 1 + 1e-9 and result.planned.bound_ratio <= 1 + 1e-9
+    # more instances cut chunks finer than the ideal program does, which can gain a little, never more than
+    # auto assumes (BEYOND)
+    assert result.bound_ratio <= result.planned.bound_ratio / BEYOND
 
 
 def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):

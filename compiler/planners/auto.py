@@ -40,6 +40,12 @@ def at_scale(topo: Topology, demand: Demand) -> list[str] | None:
             "through one NIC per ring: slower than hier at this scale, and as costly to lower)"]
 
 
+def trees_apply(topo: Topology, demand: Demand) -> bool:
+    """Whether the trees planner takes this copy demand: one node of GPUs joined by direct links."""
+    return topo.nodes == 1 and not topo.switches and any(len(c.dests) > 1 for c in demand.chunks) \
+        and all(len(c.sources) == 1 for c in demand.chunks)
+
+
 def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_source: bool = True) -> int:
     """Rough count of flow variables at the lower-bound horizon (before pruning), after the
     symmetry reduction the planners would apply. per_source: the LP's commodities (one per source
@@ -68,6 +74,8 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     tried, skipped = ["direct", "ring"], []
     if copies and topo.nodes > 1:
         tried.append("hier")
+    if copies and trees_apply(topo, plan_demand):
+        tried.append("trees")
     if copies:
         if size <= MILP_MAX_FLOWS:
             tried.append("milp")
@@ -88,6 +96,9 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
 
 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
+TREE_PARTS = (16, 20)  # and for trees alone (planned in well under a second, it pipelines many small chunks; 20
+# where 1 GB is 10^9 bytes, 16 where it is 2^30, so that 8 ranks' chunks are whole elements; finer chunks need
+# more steps per thread block than RCCL's 64 at the instances that fill MI250's 4-link pairs)
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
@@ -97,7 +108,7 @@ BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
-CONSTRUCTIVE = ("direct", "ring", "hier")  # built, not solved: planned at every chunking before any optimiser
+CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 
 
 @dataclass(frozen=True)
@@ -156,12 +167,14 @@ class Search:
         d = fine.demand
         if d.chunk_bytes % options.element_bytes:
             say(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte elements)")
-            return False
+            return parts in TREE_PARTS[:-1]  # the next of them may divide where this one does not
         methods, left_out = candidates(self.topo, d, options)
+        if parts > REFINEMENTS[-1]:
+            methods, left_out = [m for m in methods if m == "trees"], []
         if parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
             if not any(m in ("milp", "lp", "rounds") for m in methods):
-                methods = [m for m in methods if m == "ring"]
+                methods = [m for m in methods if m in ("ring", "trees")]
         for x in left_out:
             say(f"{x} at {parts}x" if parts > 1 else x)
         if only is not None:
@@ -189,7 +202,7 @@ class Search:
             self.skipped.append(f"{method} at {parts}x (time limit reached)")
             return
         # the whole chunks get most of the time: they are the cheapest model and often enough
-        share = (left * FIRST_SHARE if n == 0 else left / (len(self.refinements) - n)) \
+        share = (left * FIRST_SHARE if n == 0 else left / max(1, len(REFINEMENTS) - n)) \
             if method in ("milp", "lp", "rounds") and len(self.refinements) > 1 else left
         try:
             s = refine.invert((plan_with(self.topo, d, replace(self.options, method=method, time_limit=max(1.0, share),
@@ -306,7 +319,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if options.deadline is not None:
         deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
     scale = at_scale(topo, copy_demand(demand))
-    search = Search(topo, options, deadline, REFINEMENTS if options.refine and scale is None else (1,))
+    refinements = REFINEMENTS + (TREE_PARTS if trees_apply(topo, copy_demand(demand)) else ())
+    search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,))
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
     if options.judge is not None:

@@ -20,7 +20,7 @@ from compiler.planners.options import PlanOptions
 Planner = Callable[[Topology, Demand, PlanOptions], Schedule]
 PLANNERS: dict[str, Planner] = {}
 NATIVE_REDUCTIONS = {"ring", "direct"}  # planners that plan reduce transfers themselves
-METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "hier")
+METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "hier", "trees")
 
 
 def register(name: str):
@@ -31,7 +31,7 @@ def register(name: str):
 
 
 MODULES = {"milp": "milp", "lp": "lp", "rounds": "rounds", "ring": "baselines", "direct": "baselines",
-           "hier": "hierarchical"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
+           "hier": "hierarchical", "trees": "trees"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
 META = {"auto": "auto"}  # planners of planners: they import this registry, never the other way round
 
 
