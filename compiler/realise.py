@@ -26,10 +26,14 @@ count's best protocol, then with every send and receive peer on a thread block o
 (LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`). Where a
 chunk takes several kernel iterations, one instance's placements wait until the other counts are
 tried (more instances split such a chunk, and usually win), and are tried only if the most they
-gained at another count would bring it within CONTENDS of the best. A program of LARGE_PROGRAM transfers or more tries
-pace_ahead (k > 1) and pair_peers at its best count only, after the search. A limit that stops the search
-is noted, never an error unless no program at all fits. One lowering serves every protocol with
-the same connection slots (LL and LL128); the chosen program is verified by the caller.
+gained at another count would bring it within CONTENDS of the best; where a chunk moves in less
+than one step latency on a thread block, the search stops at one instance. A count whose
+lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
+every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
+transfers or more tries pace_ahead (k > 1) and pair_peers at its best count only, after the
+search. A limit that stops the search is noted, never an error unless no program at all fits.
+One lowering serves every protocol with the same connection slots (LL and LL128); the chosen
+program is verified by the caller.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
+from compiler.planners.trees import applies as trees_apply
 
 MILP_MAX_FLOWS = 40_000  # beyond this the exact MILP rarely finishes in a minute on two cores
 LP_MAX_FLOWS = 400_000
@@ -38,12 +39,6 @@ def at_scale(topo: Topology, demand: Demand) -> list[str] | None:
             f"can run at once{f' on {topo.sms} SMs' if topo.sms else ''})",
             f"ring (a {topo.ngpus}-hop pipeline whose chunks cross the network once per node boundary, "
             "through one NIC per ring: slower than hier at this scale, and as costly to lower)"]
-
-
-def trees_apply(topo: Topology, demand: Demand) -> bool:
-    """Whether the trees planner takes this copy demand: one node of GPUs joined by direct links."""
-    return topo.nodes == 1 and not topo.switches and any(len(c.dests) > 1 for c in demand.chunks) \
-        and all(len(c.sources) == 1 for c in demand.chunks)
 
 
 def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_source: bool = True) -> int:
@@ -74,7 +69,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     tried, skipped = ["direct", "ring"], []
     if copies and topo.nodes > 1:
         tried.append("hier")
-    if copies and trees_apply(topo, plan_demand):
+    if trees_apply(topo, plan_demand):
         tried.append("trees")
     if copies:
         if size <= MILP_MAX_FLOWS:

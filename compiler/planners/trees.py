@@ -23,8 +23,6 @@ import time
 from collections import defaultdict
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from compiler.model.demand import Demand
 from compiler.model.schedule import Schedule
@@ -39,16 +37,22 @@ Edge = tuple[int, int]
 Tree = tuple[tuple[Edge, ...], float]  # edges in breadth-first order from the root, weight
 
 
-def _check(topo: Topology, demand: Demand) -> None:
+def applies(topo: Topology, demand: Demand) -> bool:
+    """Whether trees plans this demand (auto's test): copies on one node of GPUs joined by direct links."""
+    return _why_not(topo, demand) is None and any(len(c.dests) > 1 for c in demand.chunks)
+
+
+def _why_not(topo: Topology, demand: Demand) -> str | None:
     if demand.reduce:
-        raise CompileError("trees: plans copies; a reduction is planned as the time reverse of its copy dual")
+        return "trees: plans copies; a reduction is planned as the time reverse of its copy dual"
     if topo.nodes > 1:
-        raise CompileError(f"trees: plans one node; {topo.name} has {topo.nodes} (use hier, or auto)")
+        return f"trees: plans one node; {topo.name} has {topo.nodes} (use hier, or auto)"
     if topo.switches or not is_mesh(topo):
-        raise CompileError(f"trees: needs GPUs joined by direct links; {topo.name} joins them through switches "
-                           "(use direct, milp or rounds, or auto)")
+        return (f"trees: needs GPUs joined by direct links; {topo.name} joins them through switches "
+                "(use direct, milp or rounds, or auto)")
     if any(len(c.sources) != 1 for c in demand.chunks):
-        raise CompileError("trees: every chunk needs exactly one source")
+        return "trees: every chunk needs exactly one source"
+    return None
 
 
 def multicast_loads(topo: Topology, volume: dict[int, float],
@@ -56,6 +60,8 @@ def multicast_loads(topo: Topology, volume: dict[int, float],
     """(T, load[s][edge]): the least T in which each source s sends volume[s] to every rank of
     dests[s], the flow to each destination within s's load on every link, the loads together within
     bandwidth x count x T (volumes and bandwidths in any one unit)."""
+    import scipy.sparse as sp  # loaded with the planner only (auto imports `applies` from here)
+    from scipy.optimize import linprog
     links = [(l.src, l.dst) for l in topo.links]
     cap = np.array([l.bandwidth * l.count for l in topo.links])
     cap = cap / cap.max()
@@ -186,7 +192,9 @@ def assign(chunks: dict[int, list[int]], trees: dict[int, list[Tree]], cap: dict
 @register("trees")
 def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
-    _check(topology, demand)
+    why = _why_not(topology, demand)
+    if why is not None:
+        raise CompileError(why)
     chunks: dict[int, list[int]] = defaultdict(list)
     dests: dict[int, set[int]] = defaultdict(set)
     for c in demand.chunks:
