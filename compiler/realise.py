@@ -27,7 +27,7 @@ count's best protocol, then with every send and receive peer on a thread block o
 chunk takes several kernel iterations, one instance's placements wait until the other counts are
 tried (more instances split such a chunk, and usually win), and are tried only if the most they
 gained at another count would bring it within CONTENDS of the best; where a chunk moves in less
-than one step latency on a thread block, the search stops at one instance. A count whose
+than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
 transfers or more tries pace_ahead (k > 1) and pair_peers at its best count only, after the
@@ -185,10 +185,10 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
-            counts = instance_order(saturating_counts(topology, (p,)), saturating_counts(topology, protos))[::-1]
-            if _latency_bound(timing, topology):
-                stopped, counts = ("1 (a chunk moves in less than one step latency on a thread block; more "
-                                   "instances would only add steps)"), []
+            # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
+            # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
+            counts = instance_order(*((set(), set()) if _latency_bound(timing, topology) else
+                                      (saturating_counts(topology, (p,)), saturating_counts(topology, protos))))[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"
             break
