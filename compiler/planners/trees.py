@@ -34,7 +34,7 @@ from compiler.planners.registry import register
 from compiler.specs.errors import CompileError
 
 Edge = tuple[int, int]
-Tree = tuple[tuple[Edge, ...], float]  # edges in breadth-first order from the root, weight
+Tree = tuple[tuple[Edge, ...], float]  # edges in the order they joined (a parent's before its children's), weight
 
 
 def applies(topo: Topology, demand: Demand) -> bool:
@@ -214,7 +214,7 @@ def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     top = max(l.bandwidth * l.count for l in topology.links)
     cap = {(l.src, l.dst): l.bandwidth * l.count / top for l in topology.links}
     which = assign(chunks, trees, cap)
-    # step j + d: the depth-d edges of every source's j-th chunk (a chunk's edges are in breadth-first order)
+    # step j + d: the depth-d edges of every source's j-th chunk (a tree lists a parent's edge before its children's)
     hops = []
     for s, ids in chunks.items():
         for j, cid in enumerate(ids):
