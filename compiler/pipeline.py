@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from compiler.analysis.bounds import busbw, lower_bound
 from compiler.analysis.crossovers import Band, crossover_bands
 from compiler.analysis.simulate import Metrics, bound_of, program_floor, simulate
-from compiler.lowering.lower import LowerOptions
+from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import Demand, demand_chunks, make_demand
 from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
-from compiler.program.timing import ProgramTiming
-from compiler.realise import Realisation, protocols, realise
+from compiler.program.timing import ProgramTiming, time_program
+from compiler.realise import Realisation, aimed_runtime, protocols, realise, size_of
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import CompileError
@@ -161,11 +161,14 @@ def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judg
 def _probe(schedule: Schedule, topology: Topology, options: CompileOptions) -> float:
     """The time of the program `schedule` realises with one instance (or the instances asked for)
     and the protocol of its best ideal program (or the one asked for): a ranking, not a choice."""
-    lower = options.lower if options.lower.instances else replace(options.lower, instances=1)
-    if lower.proto == AUTO:
+    lowering = options.lower if options.lower.instances else replace(options.lower, instances=1)
+    if lowering.proto == AUTO:
         best = min(protocols(topology, AUTO), key=lambda p: simulate(topology, schedule, p).finish_time_s)
-        lower = replace(lower, proto=best)
-    return realise(schedule, topology, lower, options.runtime, options.plan.deadline).timing.finish_time_s
+        lowering = replace(lowering, proto=best)
+    # one plain lowering (no other placements: realise tries those for the candidates it judges)
+    program = lower(schedule, topology, replace(lowering, runtime=aimed_runtime(schedule, options.runtime,
+                                                                                topology.vendor)))
+    return time_program(program, topology, size_of(schedule, program)).finish_time_s
 
 
 def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOptions = CompileOptions(),
