@@ -159,13 +159,13 @@ def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judg
 
 
 def _probe(schedule: Schedule, topology: Topology, options: CompileOptions) -> float:
-    """The time of the program `schedule` realises with one instance (or the instances asked for)
-    and the protocol of its best ideal program (or the one asked for): a ranking, not a choice."""
+    """The time of the program `schedule` lowers to with one instance (or the instances asked for),
+    the protocol of its best ideal program (or the one asked for) and no other placement: the program
+    realise starts from, a ranking, not a choice."""
     lowering = options.lower if options.lower.instances else replace(options.lower, instances=1)
     if lowering.proto == AUTO:
         best = min(protocols(topology, AUTO), key=lambda p: simulate(topology, schedule, p).finish_time_s)
         lowering = replace(lowering, proto=best)
-    # one plain lowering (no other placements: realise tries those for the candidates it judges)
     program = lower(schedule, topology, replace(lowering, runtime=aimed_runtime(schedule, options.runtime,
                                                                                 topology.vendor)))
     return time_program(program, topology, size_of(schedule, program)).finish_time_s
