@@ -167,18 +167,19 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             counts = [c for c in counts if c < k]  # more would not fit either
             continue
         took[k] = first[0]
-        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        reached = enough_s is not None and _fastest_s(timed) <= enough_s
         if not fixed and k == 1 and _several_iterations(timed, topology):
             # a chunk of several kernel iterations gains from more instances, which split it: its other placements
             # at one instance wait until the other counts are tried (and are not needed where one reaches enough_s)
             deferred = timed
         else:
-            plain_s = min(t.finish_time_s for _, t in timed.values())
+            plain_s = _fastest_s(timed)
             reached = _placements(timed, schedule, topology, at_k, large, gated,
                                   stop_at, began, best[0] if best else None, enough_s, first[0]) or reached
-            gain = max(gain, plain_s / min(t.finish_time_s for _, t in timed.values()))
+            gain = max(gain, plain_s / _fastest_s(timed))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
-        p, (prog, timing) = min(timed.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
+        p = _leader(timed)
+        prog, timing = timed[p]
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
         # a count below the best one is a fallback (fewer thread blocks), not a step further: no miss
         misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + (k > best[2])
@@ -204,10 +205,11 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if not counts:
             break
     if deferred is not None and enough is None and (enough_s is None or best[0] > enough_s) \
-            and min(t.finish_time_s for _, t in deferred.values()) / gain <= CONTENDS * best[0]:
+            and _fastest_s(deferred) / gain <= CONTENDS * best[0]:
         _placements(deferred, schedule, topology, replace(base, instances=1), large, gated, stop_at,
                     time.perf_counter() - took[1], None, enough_s, took[1])
-        q, (prog, timing) = min(deferred.items(), key=lambda kv: (kv[1][1].finish_time_s, PROTOCOLS.index(kv[0])))
+        q = _leader(deferred)
+        prog, timing = deferred[q]
         tried = [t for t in tried if t[1] != 1] + [(p, 1, t.finish_time_s) for p, (_, t) in deferred.items()]
         if timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, q, 1, prog, timing)
@@ -246,14 +248,14 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         + ([] if large else [({"pair_peers": False}, False)]) \
         + ([({"gate_slow": True}, True)] if gated and not large else []) \
         + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes else [])
-    plain_s = min(t.finish_time_s for _, t in timed.values())
+    plain_s = _fastest_s(timed)
     reached = enough_s is not None and plain_s <= enough_s
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
     window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
     for variant, best_only in variants:
         if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
             break
-        leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+        leader = _leader(timed)
         if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
             continue  # a count this far behind is not worth another lowering
         got = _keep_faster(timed, schedule, topology, replace(options, **variant), stop_at,
@@ -266,18 +268,27 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
             window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
             if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
                 variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
-        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        reached = enough_s is not None and _fastest_s(timed) <= enough_s
     if len(paid) > 1 and not reached and time.perf_counter() + lowering_s < stop_at:  # one lowering's time left
-        leader = min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+        leader = _leader(timed)
         together = {key: v for _, variant in paid.values() for key, v in variant.items()}
         _keep_faster(timed, schedule, topology, replace(options, **together), stop_at, (leader,))
-        reached = enough_s is not None and min(t.finish_time_s for _, t in timed.values()) <= enough_s
+        reached = enough_s is not None and _fastest_s(timed) <= enough_s
     return reached
+
+
+def _leader(timed: dict[str, tuple[Program, ProgramTiming]]) -> str:
+    """The protocol of the fastest program (ties: in PROTOCOLS order)."""
+    return min(timed, key=lambda q: (timed[q][1].finish_time_s, PROTOCOLS.index(q)))
+
+
+def _fastest_s(timed: dict[str, tuple[Program, ProgramTiming]]) -> float:
+    return timed[_leader(timed)][1].finish_time_s
 
 
 def _several_iterations(timed: dict[str, tuple[Program, ProgramTiming]], topology: Topology) -> bool:
     """Whether the fastest program's chunks take more than one kernel iteration of its protocol."""
-    _, timing = min(timed.values(), key=lambda pt: pt[1].finish_time_s)
+    timing = timed[_leader(timed)][1]
     return Costing.of(topology, timing.proto).iterations(timing.chunk_bytes) > 1
 
 
@@ -364,7 +375,7 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     out = {}
     t0 = time.perf_counter()
     for p in protos:
-        if ideal and out and ideal[p] >= min(t.finish_time_s for _, t in out.values()):
+        if ideal and out and ideal[p] >= _fastest_s(out):
             continue
         if SLOTS[p] not in lowered:
             if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
