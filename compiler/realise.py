@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from compiler.analysis.links import Costing, protocol_names
 from compiler.analysis.simulate import simulate
-from compiler.lowering.lower import LowerOptions, lower
+from compiler.lowering.lower import LowerOptions, TooManySteps, lower
 from compiler.model.demand import demand_chunks
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
 from compiler.model.schedule import Schedule
@@ -145,9 +145,10 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             try:
                 timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
                                   enough_s, first)
-            except CompileError:
+            except TooManySteps:
                 # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
                 # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
+                # (neither gives a rank fewer thread blocks: a count with too many is not lowered again)
                 for fewer in ({"fit_lanes": False}, {"fit_lanes": False, "pace": False}):
                     if k == 1 or all(getattr(at_k, key) == v for key, v in fewer.items()):
                         continue

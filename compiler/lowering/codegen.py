@@ -35,6 +35,11 @@ class LoweringError(CompileError):
     """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
 
 
+class TooManySteps(LoweringError):
+    """A thread block needs more steps than a runtime allows (fewer channels per transfer, or no
+    pacing nops, may fit where other placements do not)."""
+
+
 class OpKind(Enum):
     SEND = "S"  # the send of a move
     RECV = "R"  # the receive of a move

@@ -54,10 +54,10 @@ from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.lowering.channels import Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves
-from compiler.lowering.codegen import LoweringError, RankCode, Slot, lower_rank
+from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, lower_rank
 from compiler.lowering.merge import merge_runs
 
-__all__ = ["LowerOptions", "LoweringError", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
+__all__ = ["LowerOptions", "LoweringError", "TooManySteps", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 
 RUNTIMES = CHOICES
 
@@ -238,7 +238,7 @@ def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, n
                                 f"use{other} fewer --instances/--chunks")
         for tb in g.tbs:
             if len(tb.steps) > lim.max_steps:
-                raise LoweringError(f"lowering: rank {r} thread block {tb.id} needs {len(tb.steps)} steps{note}; "
+                raise TooManySteps(f"lowering: rank {r} thread block {tb.id} needs {len(tb.steps)} steps{note}; "
                                     f"{_allows(lim, 'steps')}; use --runtime old or fewer --chunks")
             if tb.chan >= lim.max_channels:
                 raise LoweringError(f"lowering: rank {r} needs channel {tb.chan}{note}; {_allows(lim, 'channels')} "
@@ -423,7 +423,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         if worst <= lim.max_steps:
             break
         if split == most:
-            raise LoweringError(f"lowering: rank {rank} thread block {tb} needs {worst} steps with {split * per_group} "
+            raise TooManySteps(f"lowering: rank {rank} thread block {tb} needs {worst} steps with {split * per_group} "
                                 f"channels; {_allows(lim, 'steps')}, and MSCCL allows {MAX_CHANNELS} channels; "
                                 "use --runtime old or fewer --chunks")
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
+from compiler.planners import background
+from compiler.planners.background import Background
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 from compiler.planners.trees import applies as trees_apply
@@ -104,6 +107,7 @@ PROBED = 2.0  # constructive candidates whose plan is within this factor of the 
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
+OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
 
 
 @dataclass(frozen=True)
@@ -212,15 +216,17 @@ class Search:
         self.planned.add((parts, method))
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
 
-    def constructive(self, demand: Demand) -> None:
-        """Plan the constructive methods at every chunking (each in well under a second) and judge
-        the best of them first, in a third of the planning time left: if a program reaches
-        good_enough, no optimiser can gain what is left and the search ends; if not, they are judged
-        already (at scale, where lowering and timing take tens of seconds, the optimisers' time
-        would otherwise leave them too little; at small sizes plans rank programs poorly)."""
+    def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
+        """Plan the constructive methods at every chunking (each in well under a second), call
+        `meanwhile` (which may start the optimisers beside) and judge the best of them first, in a
+        third of the planning time left: if a program reaches good_enough, no optimiser can gain
+        what is left and the search ends; if not, they are judged already (at scale, where lowering
+        and timing take tens of seconds, the optimisers' time would otherwise leave them too
+        little; at small sizes plans rank programs poorly)."""
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
+        meanwhile()
         now = time.perf_counter()
         until = now + (self.deadline - now) / 3
         order = self.probed(until) if self.options.probe is not None else None
@@ -252,6 +258,29 @@ class Search:
                 self.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
         return out
 
+    def beside(self, demand: Demand) -> Background | None:
+        """The optimisers planned in a second process (background.Background, _optimise) while this
+        one judges the constructive candidates, where auto may use two processes, an optimiser is
+        a candidate and no plan is good enough already; None otherwise."""
+        if background.workers(self.options.workers) < 2 or self.good_enough() \
+                or not any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0]):
+            return None
+        options = replace(self.options, judge=None, probe=None, progress=background.picklable(self.options.progress))
+        return background.Background.start(_optimise, (self.topo, demand, options, self.deadline, self.refinements,
+                                                       self.results, self.planned))
+
+    def add(self, helper: Background) -> None:
+        """The second process's candidates and failures; it is stopped if it has not answered by the
+        deadline (the optimisers it did not plan are then planned here, in whatever time is left)."""
+        answer = helper.result(self.deadline)
+        if answer is None:
+            self.failed.append("the optimisers' process (no answer by the time limit)")
+            return
+        results, failed, planned = answer
+        self.results += results
+        self.failed += failed
+        self.planned |= planned
+
     def why(self, demand: Demand) -> list[str]:
         """The notes that explain the choice: the ranking, what was left out, what failed."""
         results, whole = self.results, len(self.refinements) == 1
@@ -271,6 +300,18 @@ class Search:
         if self.failed:
             why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
         return why
+
+
+def _optimise(topo: Topology, demand: Demand, options: PlanOptions, deadline: float, refinements: tuple[int, ...],
+              results: list[Candidate], planned: set[tuple[int, str]]):
+    """The second process's part (Search.beside): the optimisers' candidates at every chunking, as
+    the first process would plan them after the constructive ones (`results`, `planned`). Returns
+    (its candidates, its failures, every (parts, method) planned)."""
+    search = Search(topo, options, deadline, refinements, results=list(results), planned=set(planned))
+    for n in range(len(refinements)):
+        if not search.chunking(demand, n, only=OPTIMISERS):
+            break
+    return search.results[len(results):], search.failed, search.planned
 
 
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
@@ -318,8 +359,15 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,))
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
-    if options.judge is not None:
-        search.constructive(demand)
+    helper: list[Background] = []
+    try:
+        if options.judge is not None:
+            search.constructive(demand, lambda: helper.extend(filter(None, [search.beside(demand)])))
+        if helper and not search.enough:
+            search.add(helper[0])
+    finally:
+        for h in helper:
+            h.stop()
     if search.enough:
         search.skipped += [search.enough] + (scale or [])
     for n in range(len(search.refinements)):

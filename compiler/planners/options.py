@@ -35,6 +35,10 @@ class PlanOptions:
     # the time of the program a schedule realises with one instance (cheaper than judge: no
     # instances search); auto ranks its constructive candidates by it before judging them
     probe: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
+    # processes auto may use while it judges programs: 2 plans the optimisers in a second process beside the
+    # judging of the constructive candidates; 0: 2 where the process may run on two cores or more
+    # (MSCCL_COMPILE_WORKERS, where set, is the default)
+    workers: int = 0
 
     def left(self, t0: float) -> float:
         """Seconds left to a planner that started at t0: of its time_limit, and before the deadline."""

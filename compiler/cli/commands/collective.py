@@ -32,6 +32,9 @@ def configure(p, name: str) -> None:
     p.add_argument("--good-enough", type=non_negative_float, default=0.98, metavar="R",
                    help="stop searching once a written program reaches this share of the lower bound: no other "
                         "could gain more than the rest (default 0.98; 1 uses the whole time limit)")
+    p.add_argument("--workers", type=positive_int, default=0, metavar="N",
+                   help="processes auto may use: 2 plans the optimisers beside the judging of the constructive "
+                        "candidates (default: MSCCL_COMPILE_WORKERS, else 2 where this process may run on two cores)")
     p.add_argument("--max-horizon", type=positive_int, default=None, metavar="K",
                    help="cap on epochs (the horizon is otherwise found from the lower bound)")
     p.add_argument("--multicast", action="store_true",
@@ -196,7 +199,7 @@ def whole_elements(demand, dtype: str, size: int) -> int:
 def plan_options(args):
     from compiler.planners import PlanOptions
     return PlanOptions(method=args.method, time_limit=args.time_limit, gap=args.gap, max_horizon=args.max_horizon,
-                       good_enough=args.good_enough,
+                       good_enough=args.good_enough, workers=args.workers,
                        multicast=args.multicast, verbose=args.verbose, refine=args.chunks is None,
                        element_bytes=DTYPE_BYTES[args.dtype],
                        progress=Progress(sys.stderr.isatty() and not args.verbose))

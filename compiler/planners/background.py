@@ -1,0 +1,112 @@
+"""A second process for auto: while the first realises and times the constructive candidates'
+programs (pure Python, one core), the second plans the optimisers' candidates (model building and
+HiGHS) on the other core, to the same deadline, and sends them back.
+
+The second process is a fresh interpreter (`python -m compiler.planners.background FILE`) that
+reads its work, pickled, from FILE and writes the answer, pickled, to its stdout; not
+multiprocessing, whose start methods either fork (the first process may hold HiGHS's solver
+threads, which a forked child inherits without the threads) or import the caller's main module
+again (a script without a `__main__` guard would compile twice).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from compiler.specs.errors import CompileError
+
+ENV = "MSCCL_COMPILE_WORKERS"
+GRACE_S = 2.0  # past the deadline, how long the first process waits for the answer (the solver is cancelled
+# at the deadline; what is left is sending the candidates back)
+
+
+def workers(asked: int) -> int:
+    """Processes auto may use: `asked`, else MSCCL_COMPILE_WORKERS, else 2 where this process may
+    run on two cores or more (auto has two parts to overlap), else 1."""
+    if asked:
+        return asked
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise CompileError(f"{ENV}={env!r}: expected a whole number of processes >= 1")
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 2 if cores >= 2 else 1
+
+
+def picklable(value: Any) -> Any:
+    """`value` where it can travel to the second process, else None (a progress callback may be a closure)."""
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        return None
+
+
+@dataclass
+class Background:
+    """`target(*args)` running in a second process."""
+    process: subprocess.Popen
+    work: str  # the file the work is pickled in (the second process removes it once read)
+
+    @classmethod
+    def start(cls, target: Callable, args: tuple) -> Background:
+        with tempfile.NamedTemporaryFile("wb", prefix="msccl-compile-", suffix=".pkl", delete=False) as f:
+            pickle.dump((target, args), f, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            process = subprocess.Popen([sys.executable, "-m", __name__, f.name], stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE)
+        except BaseException:
+            os.unlink(f.name)
+            raise
+        return cls(process, f.name)
+
+    def result(self, deadline: float) -> Any:
+        """What target returned; None where it sent nothing by deadline + GRACE_S (or died). Its
+        exception, raised here, where it raised one. The process is stopped either way."""
+        try:
+            out, _ = self.process.communicate(timeout=max(0.01, deadline + GRACE_S - time.perf_counter()))
+            ok, value = pickle.loads(out)
+        except (subprocess.TimeoutExpired, pickle.UnpicklingError, EOFError, ValueError):
+            return None
+        finally:
+            self.stop()
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        if os.path.exists(self.work):  # stopped before it read its work
+            os.unlink(self.work)
+
+
+def _serve(path: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first process too, which stops this one
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # nothing but the answer on the pipe, whatever writes to stdout (a solver's banner)
+    try:
+        with open(path, "rb") as f:
+            target, args = pickle.load(f)
+        os.unlink(path)
+        value = (True, target(*args))
+    except Exception as e:  # a bug: the first process reports it
+        value = (False, e if picklable(e) is not None else RuntimeError(f"{type(e).__name__}: {e}"))
+    pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

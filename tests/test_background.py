@@ -1,0 +1,101 @@
+"""auto's second process (compiler/planners/background.py): the optimisers are planned beside the
+judging of the constructive candidates, their candidates come back and are judged like any other,
+and nothing outlives the command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from compiler.model.demand import make_demand
+from compiler.model.profiles import load_topology
+from compiler.pipeline import CompileOptions, compile
+from compiler.planners import PlanOptions
+from compiler.planners.background import Background, workers
+from compiler.specs.errors import CompileError
+
+
+def _work_files() -> set[str]:
+    return {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("msccl-compile-*.pkl")}
+
+
+def test_the_target_runs_in_another_process_and_its_answer_comes_back():
+    helper = Background.start(os.getpid, ())
+    assert helper.result(time.perf_counter() + 60) not in (None, os.getpid())
+    assert helper.process.poll() is not None and not os.path.exists(helper.work)
+
+
+def test_its_exception_is_raised_here():
+    helper = Background.start(load_topology, ("no-such-hw",))
+    with pytest.raises(CompileError, match="unknown hardware profile 'no-such-hw'"):
+        helper.result(time.perf_counter() + 60)
+
+
+def test_past_the_deadline_it_is_stopped_and_gives_nothing():
+    helper = Background.start(time.sleep, (60,))
+    t0 = time.perf_counter()
+    assert helper.result(t0) is None
+    assert time.perf_counter() - t0 < 10
+    assert helper.process.poll() is not None and not os.path.exists(helper.work)
+
+
+def test_workers_default_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MSCCL_COMPILE_WORKERS", "1")
+    assert workers(0) == 1 and workers(2) == 2
+    monkeypatch.setenv("MSCCL_COMPILE_WORKERS", "two")
+    with pytest.raises(CompileError, match="MSCCL_COMPILE_WORKERS='two'"):
+        workers(0)
+
+
+def test_two_processes_find_the_program_one_finds(topo):
+    """A model small enough to solve to optimality in both: the optimisers' candidates planned in
+    the second process are judged, and the program is the one the single process writes."""
+    t = topo("line:4")
+    demand = make_demand("alltoall", 4, 100 * 10**6)
+    results = {n: compile(t, demand, CompileOptions(PlanOptions(time_limit=20, refine=True, good_enough=1.0,
+                                                                 workers=n)))
+               for n in (1, 2)}
+    for r in results.values():
+        assert any("milp" in n for n in r.notes[:1]), r.notes
+    assert not any("optimisers' process" in n for n in results[2].notes)  # it answered
+    assert results[2].time_s == pytest.approx(results[1].time_s, rel=1e-9)
+
+
+def test_an_interrupt_leaves_no_second_process(tmp_path):
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "MSCCL_TEST_MARK": mark, "MSCCL_COMPILE_WORKERS": "2"}
+    before = _work_files()
+    p = subprocess.Popen([sys.executable, "-m", "compiler.cli", "allgather", "--hw", "dgx2", "--nodes", "2",
+                          "--size", "1MB", "-o", "x.xml"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path, env=env)
+    try:
+        deadline = time.perf_counter() + 60
+        while not _marked(mark, p.pid) and time.perf_counter() < deadline:
+            time.sleep(0.2)
+        assert _marked(mark, p.pid), "the second process never started"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "Traceback" not in err, err
+    time.sleep(0.5)
+    assert not _marked(mark, p.pid)
+    assert list(tmp_path.iterdir()) == [] and _work_files() <= before
+
+
+def _marked(mark: str, parent: int) -> bool:
+    """Whether a process other than `parent` carries MSCCL_TEST_MARK=mark (the second process inherits it)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == parent:
+            continue
+        try:
+            if f"MSCCL_TEST_MARK={mark}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                return True
+        except OSError:
+            continue
+    return False
