@@ -1,7 +1,13 @@
+import os
 import subprocess
 import sys
 
 import pytest
+
+# the suite runs one test per core (pytest -n 2): auto's second process would only crowd them (two
+# processes per core slow the time-limited searches and the interrupt tests). tests/test_background.py
+# asks for two processes where it tests them.
+os.environ.setdefault("MSCCL_COMPILE_WORKERS", "1")
 
 from compiler.model.profiles import load_topology
 
