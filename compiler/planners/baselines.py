@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from compiler.model.demand import Chunk, Demand
 from compiler.specs.collectives import SPECS
@@ -303,11 +304,36 @@ def one_transfer_path(topo: Topology, src: int, dst: int, planner: str) -> tuple
     return topo.best_path(src, dst)
 
 
+def nic_rounds(topo: Topology) -> Callable[[int, int], tuple[int, int] | None]:
+    """For a transfer between nodes through NICs: (round, turn), a Latin square over the NICs. In
+    round (o, r) the NIC with index i on node m sends to NIC i + r on node m + o, so every NIC sends
+    to one NIC and receives from one and none is a hot spot while another idles; the GPUs a NIC
+    pair serves take turns within the round. None inside a node or where a GPU has no NIC."""
+    where = {g: (nic.node, nic.index, nic.gpus.index(g), len(nic.gpus)) for nic in topo.nics for g in nic.gpus}
+    per = 1 + max((nic.index for nic in topo.nics), default=0)
+    nodes = max(1, topo.nodes)
+
+    def key(s: int, d: int) -> tuple[int, int] | None:
+        a, b = where.get(s), where.get(d)
+        if a is None or b is None or a[0] == b[0]:
+            return None
+        return ((b[0] - a[0]) % nodes) * per + (b[1] - a[1]) % per, a[2] * b[3] + b[2]
+    return key
+
+
 def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
-    """Every need as one transfer, in rounds: rank s sends to (s + r) mod N in round r."""
+    """Every need as one transfer, in rounds: rank s sends to (s + r) mod N in round r; between
+    nodes through NICs, after those inside nodes (on other links), chunk lane by chunk lane in the
+    rounds of nic_rounds."""
     n = demand.ngpus
-    first: list[tuple[int, int, int, Hop]] = []  # (round, lane, chunk, hop)
-    then: list[tuple[int, int, int, Hop]] = []
+    first: list[tuple[tuple[int, ...], int, int, Hop]] = []  # (round, lane, chunk, hop)
+    then: list[tuple[tuple[int, ...], int, int, Hop]] = []
+    across = nic_rounds(topo)
+
+    def order(s: int, d: int, lane: int) -> tuple[tuple[int, ...], int]:
+        k = across(s, d)
+        return ((0, (d - s) % n), lane) if k is None else ((1, lane, *k), lane)
+
     for c in demand.chunks:
         lane = _lane(demand, c)
         if not demand.reduce:
@@ -315,15 +341,15 @@ def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
                 if d in c.sources:
                     continue
                 s = next((s for s in c.sources if topo.paths(s, d)), c.sources[0])
-                first.append(((d - s) % n, lane, c.id, (c.id, s, d, False)))
+                first.append((*order(s, d, lane), c.id, (c.id, s, d, False)))
             continue
         owner = _owner(c)
         for s in c.sources:
             if s != owner:
-                first.append(((owner - s) % n, lane, c.id, (c.id, s, owner, True)))
+                first.append((*order(s, owner, lane), c.id, (c.id, s, owner, True)))
         for d in c.dests:
             if d != owner:
-                then.append(((d - owner) % n, lane, c.id, (c.id, owner, d, False)))
+                then.append((*order(owner, d, lane), c.id, (c.id, owner, d, False)))
     return [h for *_, h in sorted(first)] + [h for *_, h in sorted(then)]
 
 
