@@ -34,6 +34,8 @@ from compiler.specs.units import format_size
 
 PLAN_SHARE = 0.85  # of the time limit for planning when a program is written: realising it takes the rest
 AUTO_PLAN_SHARE = 0.6  # auto's planning share: realising its best candidates to rank them takes up to PLAN_SHARE
+JUDGE_SHARE = 0.92  # of the time limit by which a candidate auto judges is realised (verifying and timing the
+# chosen program take the rest: a judge that began just before PLAN_SHARE once ran to the limit, and writing on)
 MULTICAST_SKIP = "switch multicast (NVLS) has no MSCCL XML form; plan without `multicast` to get XML"
 
 
@@ -143,16 +145,16 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
         share = PLAN_SHARE if plan_options.method != "auto" else AUTO_PLAN_SHARE
         plan_options = replace(plan_options, deadline=now + (end - now) * share,
                                judge_until=now + (end - now) * PLAN_SHARE,
-                               judge=lambda s: _judge(s, topology, options, judged),
+                               judge=lambda s: _judge(s, topology, options, judged, now + (end - now) * JUDGE_SHARE),
                                probe=lambda s: _probe(s, topology, options))
     schedule = plan(topology, demand, plan_options)
     known = judged.get(id(schedule.transfers))
     return compile_schedule(topology, schedule, options, known[1] if known else None)
 
 
-def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict) -> float:
-    """The time of the program `schedule` realises (raises CompileError if none fits the runtimes)."""
-    r = realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
+def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict, by: float) -> float:
+    """The time of the program `schedule` realises by `by` (raises CompileError if none fits the runtimes)."""
+    r = realise(schedule, topology, options.lower, options.runtime, by,
                 enough_time(topology, schedule, options.plan.good_enough))
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
