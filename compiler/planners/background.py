@@ -62,8 +62,10 @@ class Background:
         with tempfile.NamedTemporaryFile("wb", prefix="msccl-compile-", suffix=".pkl", delete=False) as f:
             pickle.dump((target, args), f, protocol=pickle.HIGHEST_PROTOCOL)
         try:
+            # this process's import path, so that the second finds the same compiler (a script may have set it)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             process = subprocess.Popen([sys.executable, "-m", __name__, f.name], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE)
+                                       stdout=subprocess.PIPE, env=env)
         except BaseException:
             os.unlink(f.name)
             raise
