@@ -120,3 +120,23 @@ def test_auto_keeps_a_program_no_slower_than_any_constructive_candidate_s(topo):
         s = plan(t, make_demand("allgather", 32, size, chunks), PlanOptions(method="hier"))
         best = min(time_program(lower(s, t, LowerOptions(proto=p)), t, size).finish_time_s for p in ("LL", "LL128"))
         assert result.time_s <= best * (1 + 1e-9), chunks
+
+
+def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
+    """A judging that took two seconds says what the next one of the same size needs: with less
+    than that left, the candidate is not judged, and the notes say so (at 128 GPUs one judging
+    takes half a minute, and a second ran the command past its limit)."""
+    import time as clock
+    t = topo("dgx-a100")
+    calls = []
+
+    def slow_judge(schedule):
+        calls.append(schedule.planner)
+        clock.sleep(2.0)
+        return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
+
+    t0 = clock.perf_counter()
+    s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=9, judge=slow_judge,
+                                                              judge_until=t0 + 4, workers=1))
+    assert len(calls) == 1, calls
+    assert any("the time limit is near" in n for n in s.notes), s.notes

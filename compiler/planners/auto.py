@@ -143,6 +143,7 @@ class Search:
     skipped: list[str] = field(default_factory=list)
     planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) tried so far
     enough: str | None = None  # the judged program that ended the search, where one did
+    judge_rate: float = 0.0  # the most seconds per transfer one candidate's judging took
 
     def good_enough(self) -> bool:
         """Whether a plan reaches GOOD_ENOUGH of the bound, where plans are what is judged: with a
@@ -323,8 +324,10 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     (those with `probes`, one-instance program times by candidate id, first in their order),
     until JUDGED more have programs: none more once the deadline has passed or one reaches
     good_enough of the program floor (unless none has a program yet), and none whose ideal program
-    cannot beat a judged program by what finer instances gain. A candidate whose program does not
-    fit the runtimes is dropped (with why); the programs rank first, in their time."""
+    cannot beat a judged program by what finer instances gain, or would not be judged by the
+    deadline at the rate (seconds per transfer) of the slowest judging so far (at 128 GPUs one
+    takes half a minute). A candidate whose program does not fit the runtimes is dropped (with
+    why); the programs rank first, in their time."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * c.finish_time_s >= k.program_s for k in done)  # noqa: E731
@@ -332,9 +335,15 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     probes = probes or {}
     first = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), c.finish_time_s, c.parts, c.method)  # noqa: E731
     for c in sorted(search.results, key=first):
-        late = deadline is not None and time.perf_counter() > deadline
+        now = time.perf_counter()
+        late = deadline is not None and now > deadline
         if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
                 or (done and (late or enough() or beaten(c))):
+            kept.append(c)
+            continue
+        need = search.judge_rate * len(c.schedule.transfers)
+        if done and deadline is not None and now + need > deadline:
+            search.skipped.append(f"judging {c.method} at {c.parts}x (about {need:.0f} s; the time limit is near)")
             kept.append(c)
             continue
         try:
@@ -342,6 +351,9 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
         except CompileError as e:
             search.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
             continue
+        finally:
+            took = time.perf_counter() - now
+            search.judge_rate = max(search.judge_rate, took / max(1, len(c.schedule.transfers)))
         fresh += 1
         done.append(c)
         kept.append(c)
