@@ -106,8 +106,11 @@ def _serve(path: str) -> None:
         value = (True, target(*args))
     except Exception as e:  # a bug: the first process reports it
         value = (False, e if picklable(e) is not None else RuntimeError(f"{type(e).__name__}: {e}"))
-    pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
-    out.flush()
+    try:
+        pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.close()
+    except BrokenPipeError:  # the first process is gone (killed outright): nobody to answer, nothing to flush
+        os._exit(0)
 
 
 if __name__ == "__main__":
