@@ -100,7 +100,6 @@ TREE_PARTS = (16, 20)  # and for trees alone (planned in well under a second, it
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
-BASELINES = ("direct", "ring")  # cheap: planned even when a candidate is good enough, if programs are judged
 BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a judged program is not judged
 # (no program beats its schedule's ideal by much: instances cutting chunks finer gained under 2 % in our tables)
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
@@ -196,7 +195,7 @@ class Search:
         if method not in MODULES:
             self.skipped.append(f"{method} (not available)")
             return
-        if self.good_enough() and not (self.options.judge and method in BASELINES):
+        if self.good_enough():
             self.skipped.append(f"{method} at {parts}x (a candidate already reaches {self.best_ratio():.3f} "
                                 "of the bound)")
             return
@@ -264,9 +263,9 @@ class Search:
 
     def beside(self, demand: Demand) -> Background | None:
         """The optimisers planned in a second process (background.Background, _optimise) while this
-        one judges the constructive candidates, where auto may use two processes, an optimiser is
-        a candidate and no plan is good enough already; None otherwise."""
-        if background.workers(self.options.workers) < 2 or self.good_enough() \
+        one judges the constructive candidates, where auto may use two processes and an optimiser
+        is a candidate; None otherwise."""
+        if background.workers(self.options.workers) < 2 \
                 or not any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0]):
             return None
         options = replace(self.options, judge=None, probe=None, progress=background.picklable(self.options.progress))
