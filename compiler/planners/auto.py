@@ -11,8 +11,7 @@ from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
-from compiler.planners import background
-from compiler.planners.background import Background
+from compiler.planners.background import Background, picklable, workers
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 from compiler.planners.trees import applies as trees_apply
@@ -265,12 +264,12 @@ class Search:
         """The optimisers planned in a second process (background.Background, _optimise) while this
         one judges the constructive candidates, where auto may use two processes and an optimiser
         is a candidate; None otherwise."""
-        if background.workers(self.options.workers) < 2 \
+        if workers(self.options.workers) < 2 \
                 or not any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0]):
             return None
-        options = replace(self.options, judge=None, probe=None, progress=background.picklable(self.options.progress))
-        return background.Background.start(_optimise, (self.topo, demand, options, self.deadline, self.refinements,
-                                                       self.results, self.planned))
+        options = replace(self.options, judge=None, probe=None, progress=picklable(self.options.progress))
+        return Background.start(_optimise, (self.topo, demand, options, self.deadline, self.refinements,
+                                            self.results, self.planned))
 
     def add(self, helper: Background) -> None:
         """The second process's candidates and failures; it is stopped if it has not answered by the
