@@ -3,6 +3,7 @@ every candidate with the simulator, keep the fastest, and say why."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -106,6 +107,26 @@ PROBED = 2.0  # constructive candidates whose plan is within this factor of the 
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
+ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
+
+
+def iteration_parts(topo: Topology, demand: Demand, element_bytes: int) -> int:
+    """The fewest sub-chunks per chunk (whole elements, at most ONE_ITERATION_PARTS) with which a
+    chunk fits one loop iteration of the MSCCL kernel under the protocol of the largest iteration
+    payload; 1 where a chunk fits already, the runtime costs are unknown or no count divides. Each
+    loop iteration runs every step once on a slice of every chunk, so a schedule's order between
+    a chunk and the next holds only within one iteration: where chunks take several, a rank's
+    sends of the next iteration overlap the last ones of this one (DGX-2 x 2 alltoall 1 GB direct:
+    NIC rounds interleave, and the program is 1.10x its plan; cut 20-fold, 1.000x)."""
+    from compiler.analysis.links import Costing, protocol_names
+    costs = [Costing.of(topo, p).cost for p in protocol_names(topo)]
+    payload = max((c.iteration_bytes for c in costs if c is not None), default=None)
+    if payload is None or demand.chunk_bytes <= payload:
+        return 1
+    for parts in range(math.ceil(demand.chunk_bytes / payload - 1e-9), ONE_ITERATION_PARTS + 1):
+        if demand.chunk_bytes % (parts * element_bytes) == 0:
+            return parts
+    return 1
 
 
 @dataclass(frozen=True)
@@ -190,7 +211,7 @@ class Search:
         from compiler.planners.registry import MODULES, plan as plan_with
         from compiler.analysis.links import protocol_names
         from compiler.analysis.simulate import simulate
-        parts = self.refinements[n]
+        parts = refine.parts
         if method not in MODULES:
             self.skipped.append(f"{method} (not available)")
             return
@@ -225,6 +246,14 @@ class Search:
         what is left and the search ends; if not, they are judged already (at scale, where lowering
         and timing take tens of seconds, the optimisers' time would otherwise leave them too
         little; at small sizes plans rank programs poorly)."""
+        first = self.one_iteration(demand)
+        if first is not None and first.bound_ratio >= self.options.good_enough:
+            judge(self, self.options.judge, self.deadline, self.options.good_enough, ("direct",))
+            if self.results and self.results[0].program_ratio >= self.options.good_enough:
+                best = self.results[0]
+                self.enough = (f"the other candidates (the program of direct at {best.parts}x already reaches "
+                               f"{best.program_ratio:.3f} of the bound; --good-enough {self.options.good_enough:g})")
+                return
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
@@ -238,6 +267,23 @@ class Search:
         if best is not None and best.program_ratio >= ratio:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
                            f"{best.program_ratio:.3f} of the bound; --good-enough {ratio:g})")
+
+    def one_iteration(self, demand: Demand) -> Candidate | None:
+        """direct with its chunks cut to fit one kernel iteration each (iteration_parts), planned
+        where a chunk takes several and the demand has no copies (with copies, the relaying methods
+        win at such sizes), or None. direct relays nothing: finer chunks change its program, not its
+        plan, so the chunkings plan it whole only. Judged first where its plan reaches
+        --good-enough of the bound (constructive)."""
+        if any(len(c.dests) > 1 for c in copy_demand(demand).chunks):
+            return None
+        parts = iteration_parts(self.topo, demand, self.options.element_bytes)
+        if parts == 1 or len(self.refinements) == 1 or (parts, "direct") in self.planned or self.enough:
+            return None
+        refine = Refine(parts)
+        (fine,), inverse = refine.apply(Problem(self.topo, demand, self.options))
+        before = len(self.results)
+        self.candidate(fine.demand, refine, inverse, "direct", ["direct"], 0)
+        return self.results[-1] if len(self.results) > before else None
 
     def probed(self, until: float) -> dict[int, float]:
         """The one-instance program time of each constructive candidate whose plan is within PROBED
