@@ -155,7 +155,7 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
 def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict, by: float) -> float:
     """The time of the program `schedule` realises by `by` (raises CompileError if none fits the runtimes)."""
     r = realise(schedule, topology, options.lower, options.runtime, by,
-                enough_time(topology, schedule, options.plan.good_enough))
+                enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes)
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
 
@@ -184,7 +184,7 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
         result = Result(topology, schedule, planned, options.runtime)
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
-                            enough_time(topology, schedule, options.plan.good_enough))
+                            enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes)
     program = r.program
     runtimes = target_runtimes(schedule.demand.collective, options.runtime, topology.vendor)
     verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)

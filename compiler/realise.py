@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from compiler.analysis.links import Costing, protocol_names
 from compiler.analysis.simulate import simulate
@@ -75,12 +76,14 @@ class Realisation:
     enough: str | None = None  # where the search stopped early because a program was good enough
     passed: tuple[tuple[str, float], ...] = ()  # (proto, ideal program time) of protocols never lowered: their
     # ideal program was no faster than a program timed already
+    uneven: tuple[int, ...] = ()  # instance counts left out: the size does not split into their chunks
+    element_bytes: int = 4
 
     def notes(self) -> tuple[str, ...]:
         """The choice and the runner-up, as the summary prints them."""
         p, k = self.program.proto, self.instances
         ranked = sorted(self.tried, key=lambda t: t[2])
-        if len(ranked) == 1 and not self.passed:
+        if len(ranked) == 1 and not self.passed and not self.uneven:
             return ()
         best = ranked[0][2]
         runner = next((t for t in ranked[1:] if (t[0], t[1]) != (p, k)), None)
@@ -90,8 +93,11 @@ class Realisation:
         elif self.passed:
             q, x = min(self.passed, key=lambda px: px[1])
             line += f"; runner-up {q}, not lowered (its ideal program, {x * 1e6:.1f} us, is no faster)"
+        uneven = () if not self.uneven else (
+            f"instances: {', '.join(map(str, self.uneven))} left out: the size is not whole {self.element_bytes}-byte "
+            "elements in each of their chunks, and the runtimes would run NCCL's own algorithm instead",)
         return (line,) + ((f"instances: {self.stopped}",) if self.stopped else ()) \
-            + ((f"instances: stopped early, {self.enough}",) if self.enough else ())
+            + ((f"instances: stopped early, {self.enough}",) if self.enough else ()) + uneven
 
 
 def protocols(topology: Topology, proto: str) -> tuple[str, ...]:
@@ -114,9 +120,38 @@ def aimed_runtime(schedule: Schedule, runtime: str, vendor: str | None = None) -
     return runtimes[0] if len(runtimes) == 1 else runtime
 
 
+def divides(schedule: Schedule, instances: int, element_bytes: int) -> bool:
+    """Whether the size `schedule` is planned for is whole elements in every chunk of its program
+    with `instances` (E % nchunksperloop == 0): at a size that is not, the runtimes silently run
+    NCCL's own algorithm instead (msccl-xml.md §4). A custom program's size is per chunk: always."""
+    d = schedule.demand
+    if d.collective == CUSTOM:
+        return True
+    return d.size_bytes % (max(1, d.input_chunks, d.output_chunks) * instances * element_bytes) == 0
+
+
+def whole_counts(order: list[int], fits: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+    """`order` (instance counts, first tried first) with each count that does not fit replaced by the
+    nearest ones that do, below and above it (up to MAX_INSTANCES); and the counts replaced."""
+    out: list[int] = []
+    uneven: list[int] = []
+    for c in order:
+        if fits(c):
+            near = [c]
+        else:
+            uneven.append(c)
+            below = next((d for d in range(c - 1, 1, -1) if fits(d)), None)
+            above = next((d for d in range(c + 1, MAX_INSTANCES + 1) if fits(d)), None)
+            near = [d for d in (below, above) if d is not None]
+        out += [d for d in near if d not in out]
+    return out, uneven
+
+
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
-            deadline: float | None = None, enough_s: float | None = None) -> Realisation:
-    """enough_s: a program time at which the search stops (no other can gain what is left to the bound)."""
+            deadline: float | None = None, enough_s: float | None = None, element_bytes: int = 4) -> Realisation:
+    """enough_s: a program time at which the search stops (no other can gain what is left to the bound).
+    element_bytes: the data type's size; an instance count whose chunks would split elements at the
+    schedule's size is not tried (divides), and one asked for is an error."""
     t0 = time.perf_counter()
     stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
     protos = protocols(topology, options.proto)
@@ -128,7 +163,13 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
+    fits = lambda k: divides(schedule, k, element_bytes)  # noqa: E731
+    if fixed and not fits(options.instances):
+        raise CompileError(f"--instances: {options.instances} cuts the {schedule.demand.size_bytes} B buffer into "
+                           f"chunks of part {element_bytes}-byte elements (nchunksperloop must divide its elements), "
+                           "so the runtimes would run NCCL's own algorithm instead; choose another count")
     counts = [options.instances] if fixed else [1]
+    uneven: list[int] = []
     tried: list[tuple[str, int, float]] = []
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = enough = None
@@ -189,8 +230,10 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
-            counts = instance_order(*((set(), set()) if _latency_bound(timing, topology) else
-                                      (saturating_counts(topology, (p,)), saturating_counts(topology, protos))))[::-1]
+            counts, uneven = whole_counts(instance_order(*((set(), set()) if _latency_bound(timing, topology) else
+                                                            (saturating_counts(topology, (p,)),
+                                                             saturating_counts(topology, protos)))), fits)
+            counts = counts[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"
             break
@@ -229,7 +272,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             tried.append((p, k, timing.finish_time_s))
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
-                       tuple((q, x) for q, x in ideal.items() if q not in lowered))
+                       tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
 
 
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,

@@ -140,3 +140,52 @@ def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
                                                               judge_until=t0 + 4, workers=1))
     assert len(calls) == 1, calls
     assert any("the time limit is near" in n for n in s.notes), s.notes
+
+
+@pytest.mark.parametrize("size, parts", [(10**9, 20), (2**30, 16), (256 * 10**6, 4), (16 * 10**6, 1)])
+def test_iteration_parts_cut_a_chunk_to_one_tile_of_whole_elements(topo, size, parts):
+    from compiler.planners.auto import iteration_parts
+    t = topo("dgx2", 2)
+    demand = make_demand("alltoall", 32, size)
+    assert iteration_parts(t, demand, 4) == parts
+    tile = t.costs.protocol("Simple").iteration_bytes
+    assert demand.chunk_bytes / parts <= tile and (demand.chunk_bytes / parts) % 4 == 0
+    if parts > 1:  # the fewest: one part less would not fit a tile, or split an element
+        fewer = parts - 1
+        assert demand.chunk_bytes / fewer > tile or demand.chunk_bytes % (fewer * 4)
+
+
+def test_auto_cuts_direct_alltoall_to_one_kernel_iteration(topo):
+    """DGX-2 x 2 alltoall 256 MB: direct's 8 MB chunks take four loop iterations, in each of which
+    every peer's piece is sent, so the NIC rounds interleave (program 1.10x its plan). Cut into 4,
+    each chunk is one iteration and the program keeps the plan's order: the program timer, not the
+    planner, puts it within 1 % of the bound, and the search stops there."""
+    t = topo("dgx2", 2)
+    demand = make_demand("alltoall", 32, 256 * 10**6)
+    result = compile(t, demand, CompileOptions(PlanOptions(time_limit=30, refine=True)))
+    program = time_program(result.program, t, demand.size_bytes)
+    assert program.iterations == 1
+    assert lower_bound(t, "alltoall", demand.size_bytes).time_s / program.finish_time_s >= 0.99
+    assert result.demand.chunks_per_rank == 4 and result.schedule.planner == "direct"
+    assert any("left out: the other candidates" in n for n in result.notes)
+
+
+def test_instances_keep_whole_elements_in_every_chunk(topo):
+    """The runtimes pick an XML only for a size whose elements split evenly over its nchunksperloop
+    chunks, and silently run NCCL's own algorithm otherwise. DGX A100 allgather 1 GB (10^9 B) ring
+    with 8 chunks: the NVSwitch port's saturating count, 13 instances, makes 832 chunks, which do
+    not divide its 2.5e8 float32 elements; auto takes the nearest counts that do, and says so."""
+    t = topo("dgx-a100")
+    demand = make_demand("allgather", 8, 10**9, 8)
+    result = compile(t, demand, CompileOptions(PlanOptions(method="ring")))
+    assert (10**9 // 4) % result.program.nchunksperloop == 0, result.program.nchunksperloop
+    assert result.realisation.instances > 1
+    assert any("instances: " in n and "13" in n and "NCCL's own algorithm" in n for n in result.realisation.notes())
+    with pytest.raises(CompileError, match="--instances: 13"):
+        compile(t, demand, CompileOptions(PlanOptions(method="ring"), LowerOptions(proto="Simple", instances=13)))
+
+
+def test_whole_counts_replace_an_uneven_count_by_its_even_neighbours():
+    from compiler.realise import whole_counts
+    fits = lambda k: 5**9 * 2 % k == 0  # noqa: E731  (2, 5, 10, 25 up to 32)
+    assert whole_counts([13, 2, 4, 8], fits) == ([10, 25, 2, 5], [13, 4, 8])
