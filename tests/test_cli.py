@@ -43,6 +43,10 @@ def test_allgather_dgx2_json_and_files(tmp_path):
     # the simulate command times the written file like the compile command did
     sim = compile_json(tmp_path, "simulate", out["xml"], "--hw", "dgx2", "--size", "1GB")
     assert sim["time_s"] == pytest.approx(out["transfer_time_s"])
+    assert "warning" not in sim  # the chunks of the written file are whole elements at the size it was compiled for
+    # at a size that does not split into its chunks the runtimes would not run the file: the timer says so
+    odd = run_cli("simulate", out["xml"], "--hw", "dgx2", "--size", "1000000004B", cwd=tmp_path)
+    assert odd.returncode == 0 and "warning: --size 1000000004B is not whole 4-byte elements" in odd.stderr
     assert run_cli("verify", out["xml"], cwd=tmp_path).returncode == 0
 
 

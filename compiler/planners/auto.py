@@ -270,11 +270,14 @@ class Search:
 
     def one_iteration(self, demand: Demand) -> Candidate | None:
         """direct with its chunks cut to fit one kernel iteration each (iteration_parts), planned
-        where a chunk takes several and the demand has no copies (with copies, the relaying methods
-        win at such sizes), or None. direct relays nothing: finer chunks change its program, not its
-        plan, so the chunkings plan it whole only. Judged first where its plan reaches
-        --good-enough of the bound (constructive)."""
-        if any(len(c.dests) > 1 for c in copy_demand(demand).chunks):
+        where a chunk takes several, on several nodes, for a demand without copies, or None. direct
+        relays nothing: finer chunks change its program, not its plan, so the chunkings plan it
+        whole only. What the iterations break is the order in which GPUs take turns on a NIC; on one
+        node each pair of GPUs has its own path (DGX-2 alltoall 1 GB: direct/1ch with 5 instances
+        is at 0.995 of the floor, and direct/40ch took 19 s to judge for nothing), and with copies
+        the relaying methods win at such sizes. Judged first where its plan reaches --good-enough of
+        the bound (constructive)."""
+        if self.topo.nodes < 2 or any(len(c.dests) > 1 for c in copy_demand(demand).chunks):
             return None
         parts = iteration_parts(self.topo, demand, self.options.element_bytes)
         if parts == 1 or len(self.refinements) == 1 or (parts, "direct") in self.planned or self.enough:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import add_hw, busbw, emit_json, load_topology, lower_bound, size_arg
+import sys
+
+from compiler.cli.common import PROG, add_hw, busbw, emit_json, load_topology, lower_bound, size_arg
 from compiler.specs.collectives import COLLECTIVES, CUSTOM
 from compiler.specs.units import format_size, format_time
 
@@ -37,6 +39,10 @@ def run(args) -> int:
         out.update(busbw_GBps=busbw(program.collective, topo.ngpus, timing.algbw) / 1e9,
                    lower_bound_s=floor, bound_ratio=floor / timing.finish_time_s,
                    proto=program.proto, iterations=timing.iterations)
+    if program.collective != CUSTOM and args.size % (program.nchunksperloop * 4):
+        out["warning"] = (f"--size {args.size}B is not whole 4-byte elements in each of the file's {program.nchunksperloop} "
+                          "chunks (nchunksperloop): the runtimes would run NCCL's own algorithm at this size")
+        print(f"{PROG}: warning: {out['warning']}", file=sys.stderr)
     if args.json:
         emit_json(out)
         return 0
