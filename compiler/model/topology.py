@@ -173,8 +173,15 @@ class Topology:
         """GPUs one transfer away (directly or through switches)."""
         return tuple(self._paths[gpu])
 
+    @cached_property
+    def _path_links(self) -> dict[tuple[int, ...], tuple[int, ...]]:
+        return {}  # path -> its links, as asked (planners and timers ask once per transfer)
+
     def path_links(self, path: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(self._link_index[(a, b)] for a, b in zip(path, path[1:]))
+        known = self._path_links.get(path)
+        if known is None:
+            known = self._path_links[path] = tuple(self._link_index[(a, b)] for a, b in zip(path, path[1:]))
+        return known
 
     def path_bandwidth(self, path: tuple[int, ...]) -> float:
         return min(self.links[i].bandwidth for i in self.path_links(path))

@@ -64,15 +64,17 @@ class ListScheduler:
         return root
 
     def _earliest(self, links: tuple[int, ...], k: int) -> int:
-        """First epoch >= k at which every link has room over its whole window."""
+        """First epoch >= k at which every link has room over its whole window (an epoch is full
+        where its count reached the capacity: _room jumps from there)."""
+        window, capacity, inflight = self.te.window, self.te.capacity, self.inflight
         moved = True
         while moved:
             moved = False
             for l in links:
-                for e in range(k, k + self.te.window[l]):
-                    free = self._room(l, e)
-                    if free != e:
-                        k, moved = free, True
+                occ, cap = inflight[l], capacity[l]
+                for e in range(k, min(k + window[l], len(occ))):
+                    if occ[e] >= cap:
+                        k, moved = self._room(l, e), True
                         break
                 if moved:
                     break
