@@ -130,21 +130,19 @@ def divides(schedule: Schedule, instances: int, element_bytes: int) -> bool:
     return d.size_bytes % (max(1, d.input_chunks, d.output_chunks) * instances * element_bytes) == 0
 
 
-def whole_counts(order: list[int], fits: Callable[[int], bool]) -> tuple[list[int], list[int]]:
-    """`order` (instance counts, first tried first) with each count that does not fit replaced by the
-    nearest ones that do, below and above it (up to MAX_INSTANCES); and the counts replaced."""
-    out: list[int] = []
-    uneven: list[int] = []
-    for c in order:
-        if fits(c):
-            near = [c]
-        else:
-            uneven.append(c)
-            below = next((d for d in range(c - 1, 1, -1) if fits(d)), None)
-            above = next((d for d in range(c + 1, MAX_INSTANCES + 1) if fits(d)), None)
-            near = [d for d in (below, above) if d is not None]
-        out += [d for d in near if d not in out]
-    return out, uneven
+def even_below(c: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest count in (c/2, c] that fits (c itself where it does), or None: a saturating
+    count the size does not divide gives way to the nearest one below it that it does (above it,
+    more thread blocks and a longer lowering; beyond a factor 2, another step of the doublings)."""
+    return next((d for d in range(c, c // 2, -1) if d > 1 and fits(d)), None)
+
+
+def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+    """instance_order of the saturating counts `first` and `others`, each replaced by even_below,
+    with the counts that do not fit dropped; and the counts instance_order gives that do not fit."""
+    near = lambda cs: {d for d in (even_below(c, fits) for c in cs) if d is not None}  # noqa: E731
+    return ([c for c in instance_order(near(first), near(others)) if fits(c)],
+            [c for c in instance_order(first, others) if not fits(c)])
 
 
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
@@ -230,9 +228,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
-            counts, uneven = whole_counts(instance_order(*((set(), set()) if _latency_bound(timing, topology) else
-                                                            (saturating_counts(topology, (p,)),
-                                                             saturating_counts(topology, protos)))), fits)
+            counts, uneven = whole_counts(*((set(), set()) if _latency_bound(timing, topology) else
+                                            (saturating_counts(topology, (p,)), saturating_counts(topology, protos))),
+                                          fits)
             counts = counts[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"

@@ -185,7 +185,9 @@ def test_instances_keep_whole_elements_in_every_chunk(topo):
         compile(t, demand, CompileOptions(PlanOptions(method="ring"), LowerOptions(proto="Simple", instances=13)))
 
 
-def test_whole_counts_replace_an_uneven_count_by_its_even_neighbours():
+def test_an_uneven_saturating_count_gives_way_to_the_even_one_below_and_uneven_doublings_go():
     from compiler.realise import whole_counts
     fits = lambda k: 5**9 * 2 % k == 0  # noqa: E731  (2, 5, 10, 25 up to 32)
-    assert whole_counts([13, 2, 4, 8], fits) == ([10, 25, 2, 5], [13, 4, 8])
+    # DGX A100 at 1 GB: the port's 13 becomes 10, the NIC's 3 has none in (1.5, 3], of the doublings only 2 is even
+    assert whole_counts({13}, {13, 3}, fits) == ([10, 2], [13, 3, 4, 8, 16, 32])
+    assert whole_counts(set(), set(), lambda k: k == 31) == ([], [2, 4, 8, 16, 32])  # 1 KB in bytes: no doubling
