@@ -161,11 +161,13 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
+    if not divides(schedule, 1, element_bytes):  # not whole elements of that size at all: count bytes
+        element_bytes = 1
     fits = lambda k: divides(schedule, k, element_bytes)  # noqa: E731
     if fixed and not fits(options.instances):
         raise CompileError(f"--instances: {options.instances} cuts the {schedule.demand.size_bytes} B buffer into "
-                           f"chunks of part {element_bytes}-byte elements (nchunksperloop must divide its elements), "
-                           "so the runtimes would run NCCL's own algorithm instead; choose another count")
+                           f"chunks that split {element_bytes}-byte elements (nchunksperloop must divide its element "
+                           "count), so the runtimes would run NCCL's own algorithm instead; choose another count")
     counts = [options.instances] if fixed else [1]
     uneven: list[int] = []
     tried: list[tuple[str, int, float]] = []
