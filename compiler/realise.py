@@ -45,7 +45,7 @@ from typing import Callable
 from compiler.analysis.links import Costing, protocol_names
 from compiler.analysis.simulate import simulate
 from compiler.lowering.lower import LowerOptions, TooManySteps, lower
-from compiler.model.demand import demand_chunks
+from compiler.model.demand import Demand, demand_chunks
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -120,11 +120,11 @@ def aimed_runtime(schedule: Schedule, runtime: str, vendor: str | None = None) -
     return runtimes[0] if len(runtimes) == 1 else runtime
 
 
-def divides(schedule: Schedule, instances: int, element_bytes: int) -> bool:
-    """Whether the size `schedule` is planned for is whole elements in every chunk of its program
-    with `instances` (E % nchunksperloop == 0): at a size that is not, the runtimes silently run
-    NCCL's own algorithm instead (msccl-xml.md §4). A custom program's size is per chunk: always."""
-    d = schedule.demand
+def divides(demand: Demand, instances: int, element_bytes: int) -> bool:
+    """Whether the demand's size is whole elements in every chunk of its program with `instances`
+    (E % nchunksperloop == 0): at a size that is not, the runtimes silently run NCCL's own
+    algorithm instead (msccl-xml.md §4). A custom program's size is per chunk: always."""
+    d = demand
     if d.collective == CUSTOM:
         return True
     return d.size_bytes % (max(1, d.input_chunks, d.output_chunks) * instances * element_bytes) == 0
@@ -161,9 +161,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
-    if not divides(schedule, 1, element_bytes):  # not whole elements of that size at all: count bytes
+    if not divides(schedule.demand, 1, element_bytes):  # not whole elements of that size at all: count bytes
         element_bytes = 1
-    fits = lambda k: divides(schedule, k, element_bytes)  # noqa: E731
+    fits = lambda k: divides(schedule.demand, k, element_bytes)  # noqa: E731
     if fixed and not fits(options.instances):
         raise CompileError(f"--instances: {options.instances} cuts the {schedule.demand.size_bytes} B buffer into "
                            f"chunks that split {element_bytes}-byte elements (nchunksperloop must divide its element "

@@ -122,6 +122,8 @@ def test_no_half_written_file_on_error(tmp_path):
     (("simulate", "missing.xml", "--hw", "dgx2"), "missing.xml: no such XML file"),
     (("lp-plan", "--hw", "dgx2"), "unknown command or collective"),
     (("alltoall", "--hw", "dgx2", "--method", "lp", "--chunks", "0"), "--chunks"),
+    # 8 ranks x 13 chunks do not divide 10^9 bytes' 2.5e8 float32 elements: refused before any planning
+    (("alltoall", "--hw", "dgx-a100", "--size", "1GB", "--instances", "13"), "--instances: 13 cuts"),
 ])
 def test_cli_errors(tmp_path, args, needle):
     proc = run_cli(*args, cwd=tmp_path)

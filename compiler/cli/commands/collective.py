@@ -97,6 +97,8 @@ def run(args) -> int:
         refuse_unsupported(args.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
     demand = build_demand(args, topo, warnings)
+    if args.instances and not args.no_xml:
+        check_instances(demand, args.instances, DTYPE_BYTES[args.dtype])
     for w in warnings:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
     result = compile(topo, demand, CompileOptions(plan_options(args), lower_options(args), args.runtime,
@@ -182,6 +184,16 @@ def build_demand(args, topo, warnings: list[str]):
                         f"chunks must hold whole {args.dtype} elements")
         demand = make(size)
     return demand
+
+
+def check_instances(demand, instances: int, element_bytes: int) -> None:
+    """--instances N whose chunks would split elements at --size, before any planning (the runtimes
+    would run NCCL's own algorithm at that size; compiler/realise.divides)."""
+    from compiler.realise import divides
+    if not divides(demand, instances, element_bytes):
+        raise ArgumentError(f"--instances: {instances} cuts the {demand.size_bytes} B buffer into chunks that split "
+                            f"{element_bytes}-byte elements (nchunksperloop must divide its element count), so the "
+                            "runtimes would run NCCL's own algorithm instead; choose another count")
 
 
 def whole_elements(demand, dtype: str, size: int) -> int:
