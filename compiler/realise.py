@@ -130,6 +130,13 @@ def divides(demand: Demand, instances: int, element_bytes: int) -> bool:
     return d.size_bytes % (max(1, d.input_chunks, d.output_chunks) * instances * element_bytes) == 0
 
 
+def uneven_instances(demand: Demand, instances: int, element_bytes: int) -> str:
+    """The error for `--instances N` whose chunks split the demand's elements (divides)."""
+    return (f"--instances: {instances} cuts the {demand.size_bytes} B buffer into chunks that split {element_bytes}-byte "
+            "elements (nchunksperloop must divide its element count), so the runtimes would run NCCL's own algorithm "
+            "instead; choose another count")
+
+
 def even_below(c: int, fits: Callable[[int], bool]) -> int | None:
     """The largest count in (c/2, c] that fits (c itself where it does), or None: a saturating
     count the size does not divide gives way to the nearest one below it that it does (above it,
@@ -165,9 +172,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         element_bytes = 1
     fits = lambda k: divides(schedule.demand, k, element_bytes)  # noqa: E731
     if fixed and not fits(options.instances):
-        raise CompileError(f"--instances: {options.instances} cuts the {schedule.demand.size_bytes} B buffer into "
-                           f"chunks that split {element_bytes}-byte elements (nchunksperloop must divide its element "
-                           "count), so the runtimes would run NCCL's own algorithm instead; choose another count")
+        raise CompileError(uneven_instances(schedule.demand, options.instances, element_bytes))
     counts = [options.instances] if fixed else [1]
     uneven: list[int] = []
     tried: list[tuple[str, int, float]] = []

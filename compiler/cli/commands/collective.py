@@ -189,11 +189,9 @@ def build_demand(args, topo, warnings: list[str]):
 def check_instances(demand, instances: int, element_bytes: int) -> None:
     """--instances N whose chunks would split elements at --size, before any planning (the runtimes
     would run NCCL's own algorithm at that size; compiler/realise.divides)."""
-    from compiler.realise import divides
+    from compiler.realise import divides, uneven_instances
     if not divides(demand, instances, element_bytes):
-        raise ArgumentError(f"--instances: {instances} cuts the {demand.size_bytes} B buffer into chunks that split "
-                            f"{element_bytes}-byte elements (nchunksperloop must divide its element count), so the "
-                            "runtimes would run NCCL's own algorithm instead; choose another count")
+        raise ArgumentError(uneven_instances(demand, instances, element_bytes))
 
 
 def whole_elements(demand, dtype: str, size: int) -> int:
