@@ -124,10 +124,10 @@ def divides(demand: Demand, instances: int, element_bytes: int) -> bool:
     """Whether the demand's size is whole elements in every chunk of its program with `instances`
     (E % nchunksperloop == 0): at a size that is not, the runtimes silently run NCCL's own
     algorithm instead (msccl-xml.md §4). A custom program's size is per chunk: always."""
-    d = demand
-    if d.collective == CUSTOM:
+    if demand.collective == CUSTOM:
         return True
-    return d.size_bytes % (max(1, d.input_chunks, d.output_chunks) * instances * element_bytes) == 0
+    chunks = max(1, demand.input_chunks, demand.output_chunks) * instances  # nchunksperloop, as lower writes it
+    return demand.size_bytes % (chunks * element_bytes) == 0
 
 
 def uneven_instances(demand: Demand, instances: int, element_bytes: int) -> str:
