@@ -136,47 +136,31 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
     for each j. Event-driven: a thread block waits in a heap until its next step may start, or in
     `blocked_on` until what it needs (a dependency or a message) exists. Long on purpose: the
-    event loop is the timer's hot path (auto and realise time dozens of programs per command), and
-    its state stays in local variables and closures."""
-    tbs = [(g.rank, tb) for g in program.gpus for tb in g.tbs]
-    nsteps = [len(tb.steps) for _, tb in tbs]
-    pc = [0] * len(tbs)  # step index over all iterations: iteration pc // n, step pc % n
-    clock = [0.0] * len(tbs)  # when the tb's previous step finished
-    done_at: dict[tuple[int, int, int, int], float] = {}  # (rank, tb, step, iteration) -> finish time
-    queues: dict[tuple[int, int, int], list[float]] = {}  # (src, dst, chan) -> arrival times, FIFO
-    heads: dict[tuple[int, int, int], int] = {}
+    event loop is the timer's hot path (auto and realise time dozens of programs per command), so
+    each step is flattened first (_Flat: integer keys for connections and dependency targets) and
+    the loop's state stays in local variables."""
+    flat = _Flat.of(program)
+    tbs, nsteps = flat.tbs, flat.nsteps
+    kinds, deps, marks, cnts = flat.kinds, flat.deps, flat.marks, flat.cnts
+    send_conn, recv_conn = flat.send_conn, flat.recv_conn
+    ntbs = len(tbs)
+    it_of = [0] * ntbs  # the iteration each tb is in
+    s_of = [0] * ntbs  # its next step in that iteration
+    clock = [0.0] * ntbs  # when the tb's previous step finished
+    done_at: dict[int, float] = {}  # dependency target mark * iterations + iteration -> finish time
+    queues: list[list[float]] = [[] for _ in range(flat.nconns)]  # per connection: arrival times, FIFO
+    heads = [0] * flat.nconns
     routes = _Routes(topo, costing)
+    route_of: list = [None] * ntbs  # per tb: routes.get of its send peer, when it first sends
     lanes = [[0.0] * (l.count * routes.lanes[i]) for i, l in enumerate(topo.links)]  # heap of free times
     held = [0.0] * len(topo.links)  # lane-seconds of holds per link
-    working = [0.0] * len(tbs)  # seconds each thread block spent sending (holds and step latency)
+    working = [0.0] * ntbs  # seconds each thread block spent sending (holds and step latency)
     finished = [0.0] * iterations
-    blocked_on: dict[tuple, list[int]] = {}  # what a waiting tb needs -> the tbs waiting for it
-
-    def ready_time(i: int) -> float | tuple:
-        """When step pc[i] can start, or the key of what it still waits for."""
-        rank, tb = tbs[i]
-        it, s = divmod(pc[i], nsteps[i])
-        step = tb.steps[s]
-        t = clock[i]
-        if step.depid >= 0:
-            key = (rank, step.depid, step.deps, it)
-            if key not in done_at:
-                return ("done",) + key
-            t = max(t, done_at[key])
-        if step.type in RECVS:
-            conn = (tb.recv, rank, tb.chan)
-            q, h = queues.get(conn, ()), heads.get(conn, 0)
-            if h >= len(q):
-                return ("sent",) + conn
-            t = max(t, q[h])
-        return t
-
-    def wake(key: tuple) -> None:
-        for j in blocked_on.pop(key, ()):
-            heapq.heappush(heap, (clock[j], j))
+    blocked_on: dict[int, list[int]] = {}  # what a waiting tb needs (>= 0: a target's done; < 0: a message) -> tbs
+    heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
 
     remaining = sum(nsteps) * iterations
-    heap = [(0.0, i) for i in range(len(tbs)) if nsteps[i]]
+    heap = [(0.0, i) for i in range(ntbs) if nsteps[i]]
     heapq.heapify(heap)
     while remaining:
         if not heap:
@@ -184,52 +168,146 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             if stuck is None:
                 break
             rank, tb = tbs[stuck]
-            raise CompileError(f"simulate: rank {rank} tb {tb.id} step {pc[stuck] % nsteps[stuck]} can never run "
+            raise CompileError(f"simulate: rank {rank} tb {tb.id} step {s_of[stuck]} can never run "
                                "(its message or dependency never comes; run msccl-compile verify)")
-        when, i = heapq.heappop(heap)
-        t = ready_time(i)
-        if isinstance(t, tuple):
-            blocked_on.setdefault(t, []).append(i)
+        when, i = heappop(heap)
+        it, s = it_of[i], s_of[i]
+        kind = kinds[i][s]
+        t = clock[i]
+        dep = deps[i][s]
+        if dep >= 0:
+            key = dep * iterations + it
+            d = done_at.get(key)
+            if d is None:
+                blocked_on.setdefault(key, []).append(i)
+                continue
+            if d > t:
+                t = d
+        elif dep == NEVER:
+            blocked_on.setdefault(NEVER, []).append(i)
             continue
+        if kind & RECV:
+            conn = recv_conn[i]
+            q, h = queues[conn], heads[conn]
+            if h >= len(q):
+                blocked_on.setdefault(-1 - conn, []).append(i)
+                continue
+            if q[h] > t:
+                t = q[h]
         if t > when:  # not ready yet: come back then, so lanes go first come, first served
-            heapq.heappush(heap, (t, i))
+            heappush(heap, (t, i))
             continue
-        rank, tb = tbs[i]
-        it, s = divmod(pc[i], nsteps[i])
-        step = tb.steps[s]
-        if step.type in RECVS:
-            conn = (tb.recv, rank, tb.chan)
-            heads[conn] = heads.get(conn, 0) + 1
+        if kind & RECV:
+            heads[recv_conn[i]] += 1
         end = t
-        if step.type in SENDS:
-            links, rate, alpha, latency = routes.get(rank, tb.send)
-            start = max([t] + [lanes[l][0] for l in links])
-            hold = step.cnt * piece / rate
+        if kind & SEND:
+            route = route_of[i]
+            if route is None:
+                rank, tb = tbs[i]
+                route = route_of[i] = routes.get(rank, tb.send)
+            links, rate, alpha, latency = route
+            start = t
             for l in links:
-                heapq.heapreplace(lanes[l], start + hold)
+                free = lanes[l][0]
+                if free > start:
+                    start = free
+            hold = cnts[i][s] * piece / rate
+            for l in links:
+                heapreplace(lanes[l], start + hold)
                 held[l] += hold
             end = start + hold + latency
             working[i] += hold + latency
             if trace is not None and it == 0:
+                rank, tb = tbs[i]
                 trace[(rank, tb.id, s)] = (start, t, start + hold, end)
-            queues.setdefault((rank, tb.send, tb.chan), []).append(end + alpha)
-            finished[it] = max(finished[it], end + alpha)
+            arrive = end + alpha
+            queues[send_conn[i]].append(arrive)
+            if arrive > finished[it]:
+                finished[it] = arrive
             if by_tb is not None:
+                rank, tb = tbs[i]
                 mine = by_tb.setdefault((rank, tb.id), [0.0] * iterations)
-                mine[it] = max(mine[it], end + alpha)
-        done_at[(rank, tb.id, s, it)] = end
+                mine[it] = max(mine[it], arrive)
+        mark = marks[i][s]
+        if mark >= 0:
+            done_at[mark * iterations + it] = end
         clock[i] = end
-        finished[it] = max(finished[it], end)
-        pc[i] += 1
+        if end > finished[it]:
+            finished[it] = end
         remaining -= 1
-        if pc[i] < nsteps[i] * iterations:
-            heapq.heappush(heap, (end, i))
+        if s + 1 < nsteps[i]:
+            s_of[i] = s + 1
+            heappush(heap, (end, i))
+        elif it + 1 < iterations:
+            it_of[i], s_of[i] = it + 1, 0
+            heappush(heap, (end, i))
+        else:
+            s_of[i] = s + 1
         # the tbs this step unblocks: those waiting for it, or for the message it sent
         if blocked_on:
-            wake(("done", rank, tb.id, s, it))
-            if step.type in SENDS:
-                wake(("sent", rank, tb.send, tb.chan))
+            if mark >= 0:
+                for j in blocked_on.pop(mark * iterations + it, ()):
+                    heappush(heap, (clock[j], j))
+            if kind & SEND:
+                for j in blocked_on.pop(-1 - send_conn[i], ()):
+                    heappush(heap, (clock[j], j))
     if busiest is not None:  # per iteration: the seconds of the busiest link (at all its lanes) or thread block
         link = max((h / len(lanes[l]) for l, h in enumerate(held)), default=0.0)
         busiest.append(max(link, max(working, default=0.0)) / iterations)
     return _monotone(finished)  # an iteration is done no earlier than the one before it
+
+
+SEND, RECV = 1, 2
+NEVER = -2  # a dependency on a step the program does not have: it never comes
+
+
+class _Flat:
+    """A program's steps as the timer's loop reads them, per thread block (in program order): kinds
+    (SEND | RECV bits), deps (the mark of the step it depends on, -1 for none, NEVER for a step
+    that does not exist), marks (this step's mark where some step depends on it, else -1), cnts;
+    and each block's send and receive connection as an integer."""
+
+    def __init__(self, program: Program):
+        self.tbs = [(g.rank, tb) for g in program.gpus for tb in g.tbs]
+        self.nsteps = [len(tb.steps) for _, tb in self.tbs]
+        lengths = {(rank, tb.id): len(tb.steps) for rank, tb in self.tbs}
+        targets: dict[tuple[int, int, int], int] = {}
+        self.deps, self.kinds, self.cnts = [], [], []
+        kind_of = {t: (SEND if t in SENDS else 0) | (RECV if t in RECVS else 0) for t in SENDS | RECVS}
+        for rank, tb in self.tbs:
+            deps, kinds, cnts = [], [], []
+            for st in tb.steps:
+                if st.depid < 0:
+                    deps.append(-1)
+                elif 0 <= st.deps < lengths.get((rank, st.depid), 0):
+                    deps.append(targets.setdefault((rank, st.depid, st.deps), len(targets)))
+                else:
+                    deps.append(NEVER)
+                kinds.append(kind_of.get(st.type, 0))
+                cnts.append(st.cnt)
+            self.deps.append(deps)
+            self.kinds.append(kinds)
+            self.cnts.append(cnts)
+        self.marks = [[-1] * n for n in self.nsteps]
+        index = {(rank, tb.id): i for i, (rank, tb) in enumerate(self.tbs)}
+        for (rank, tb, s), mark in targets.items():
+            self.marks[index[(rank, tb)]][s] = mark
+        conns: dict[tuple[int, int, int], int] = {}
+        self.send_conn = [conns.setdefault((rank, tb.send, tb.chan), len(conns)) for rank, tb in self.tbs]
+        self.recv_conn = [conns.setdefault((tb.recv, rank, tb.chan), len(conns)) for rank, tb in self.tbs]
+        self.nconns = len(conns)
+
+    @classmethod
+    def of(cls, program: Program) -> "_Flat":
+        """The last few programs' flattening, by the identity of their thread blocks (a protocol's
+        copy of a lowering shares them; the memo keeps them alive)."""
+        key = id(program.gpus)
+        hit = _FLAT.get(key)
+        if hit is None or hit[0] is not program.gpus:
+            if len(_FLAT) >= 4:
+                del _FLAT[next(iter(_FLAT))]
+            hit = _FLAT[key] = (program.gpus, cls(program))
+        return hit[1]
+
+
+_FLAT: dict[int, tuple] = {}
