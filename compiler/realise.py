@@ -31,9 +31,11 @@ than one step latency on a thread block, the search skips the saturating counts.
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
 transfers or more tries pace_ahead (k > 1) and pair_peers at its best count only, after the
-search. A limit that stops the search is noted, never an error unless no program at all fits.
-One lowering serves every protocol with the same connection slots (LL and LL128); the chosen
-program is verified by the caller.
+search, and at one instance its whole chunks over more channel groups (`_grouped`: where more
+instances would split elements or not fit, a connection still gets several thread blocks). A
+limit that stops the search is noted, never an error unless no program at all fits. One lowering
+serves every protocol with the same connection slots (LL and LL128); the chosen program is
+verified by the caller.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
+MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
@@ -275,9 +278,41 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if own[p][1].finish_time_s < timing.finish_time_s:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
+    if large and k == 1 and enough is None:
+        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
+
+
+def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topology: Topology, base: LowerOptions,
+             stop_at: float, lowering_s: float, enough_s: float | None,
+             tried: list[tuple[str, int, float]]) -> tuple[Program, ProgramTiming]:
+    """A large program at one instance (more would split elements, not fit, or lose): its whole
+    chunks spread over 2, 4, ... MAX_GROUPS channel groups (LowerOptions.groups), every send and
+    receive peer on a block of its own where the blocks fit (else paired), while a step pays. A
+    connection then moves its chunks on a block per group side by side: at one instance a block
+    per peer cannot fill an NVSwitch port under the per-block cap (DGX A100 x 16 allgather 1 GB:
+    7 fan-out peers x 24 GB/s of 300). Appends what it lowered to `tried`."""
+    p = program.proto
+    groups = 2
+    while groups <= MAX_GROUPS:
+        if (enough_s is not None and timing.finish_time_s <= enough_s) or time.perf_counter() + lowering_s >= stop_at:
+            break
+        own = {p: (program, timing)}
+        for pair in (False, True):
+            got = _keep_faster(own, schedule, topology, replace(base, instances=1, groups=groups, pair_peers=pair),
+                               stop_at)
+            if got or time.perf_counter() + lowering_s >= stop_at:
+                break  # the blocks fit (paired only where they do not)
+        before = timing.finish_time_s
+        if own[p][1].finish_time_s < before:
+            program, timing = own[p]
+            tried.append((p, 1, timing.finish_time_s))
+        if timing.finish_time_s >= PAYS * before:
+            break
+        groups *= 2
+    return program, timing
 
 
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,

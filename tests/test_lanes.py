@@ -220,3 +220,26 @@ def test_one_instance_placements_wait_for_the_counts_that_split_large_chunks(top
     assert r.instances > 1 and r.timing.finish_time_s <= target
     assert not [o for o in lowered if o.instances == 1 and (not o.pace or o.pace_ahead or not o.pair_peers)]
     assert r.timing.finish_time_s < min(x for p, k, x in r.tried if k == 1)
+
+
+def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo, monkeypatch):
+    """DGX A100 x 4 hier allgather, 1 GB at one instance (as at 128 GPUs, where only counts that
+    split 10^9 bytes' elements would split chunks): each GPU fans 4 chunks out to each of 7 peers,
+    one thread block per peer at 24 GB/s, 168 of the NVSwitch port's 300 GB/s. Spread over 2 channel
+    groups, a peer's chunks move on 2 blocks side by side: nchunksperloop is unchanged, the program
+    verifies and the timer finds it faster; realise tries it for a large program at one instance
+    and keeps it (the note says so)."""
+    import compiler.realise as R
+    t = topo("dgx-a100", 4)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 10**9), PlanOptions())
+    one, one_s = _checked(s, t, LowerOptions(proto="Simple"))
+    two, two_s = _checked(s, t, LowerOptions(proto="Simple", groups=2))
+    assert two.nchunksperloop == one.nchunksperloop
+    chans = {tb.chan for tb in two.gpus[0].tbs if tb.send == 1}
+    assert len(chans) == 2 and len({tb.chan for tb in one.gpus[0].tbs if tb.send == 1}) == 1
+    assert two_s < 0.9 * one_s
+    monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))  # the variants of a large program, at this size
+    r = realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
+    assert r.timing.finish_time_s <= two_s * 1.0001
+    assert any("channel groups, a thread block per group" in n for n in r.program.notes)
+    assert verify(r.program, "all", s.demand, t.sms).ok

@@ -10,8 +10,8 @@ Pipeline (one function each):
    (compiler/lowering/channels.py): each transfer becomes `instances` moves, spread over as many
    channels as its first link needs lanes (the rest run on one channel), each move with a channel
    (lane, instance run, channel group) and a `sub` group of its level; `lower` widens the channel
-   groups until thread blocks fit the step limit, and pairs slow receives with sends where the
-   thread blocks would not fit otherwise.
+   groups (from LowerOptions.groups) until thread blocks fit the step limit, and pairs slow receives
+   with sends where the thread blocks would not fit otherwise.
 4. `lower_rank` (compiler/lowering/codegen.py): thread blocks, fused steps, offsets, dependencies,
    pacing (each outgoing link fed in schedule order).
 5. `fill_remote_fields`: the msccl-xml.md §3 convention for the fields a step does not use;
@@ -112,6 +112,8 @@ class LowerOptions:
     # block (fewer blocks; their steps take turns); False gives each its own, an error where the blocks do not fit
     pace_ahead: int = 0  # runs in flight on a paced link beyond its lanes (codegen.lower_rank)
     gate_slow: bool = False  # a send through a NIC waits for the rank's receive planned just before it (codegen)
+    groups: int = 1  # channel groups whole chunks spread over at least: a connection gets a thread block per group
+    # that carries its chunks, so its sends run on several blocks at once where more instances cannot split chunks
 
 
 def check_options(o: LowerOptions) -> None:
@@ -127,6 +129,8 @@ def check_options(o: LowerOptions) -> None:
         raise LoweringError(f"--size-range: {o.min_bytes}..{o.max_bytes} is not a range of sizes")
     if not isinstance(o.pace_ahead, int) or o.pace_ahead < 0:
         raise LoweringError(f"pace_ahead: {o.pace_ahead!r} must be a whole number >= 0")
+    if not isinstance(o.groups, int) or o.groups < 1:
+        raise LoweringError(f"groups: {o.groups!r} must be a whole number >= 1")
     runtime_limits(o.runtime)
     if o.name is not None and not re.fullmatch(r"[A-Za-z0-9._:+@-]{1,255}", o.name):
         raise LoweringError(f"--name: {o.name!r} must be 1-255 letters, digits or . _ : + @ -")
@@ -393,8 +397,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         return place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
                            SLOTS[options.proto], topology, widths, rank)
 
-    split = probe_split(min(most, first_split(schedule, lanes, lim.max_steps)), most, place, busiest_rank(schedule),
-                        demand, can_alias, options.inplace is None, pace, lim, options)
+    split = max(options.groups, first_split(schedule, lanes, lim.max_steps))
+    split = probe_split(min(most, split), most, place, busiest_rank(schedule), demand, can_alias,
+                        options.inplace is None, pace, lim, options)
     pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     while True:
         moves = place(split)
@@ -436,9 +441,12 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
-    if split > 1:
+    if split > 1 and split > options.groups:
         notes.append(f"lowering: chunks spread over {split} channel groups to keep thread blocks within "
                      f"{lim.max_steps} steps")
+    elif split > 1:
+        notes.append(f"lowering: whole chunks spread over {split} channel groups, a thread block per group on each "
+                     "connection (their sends run side by side)")
     inplace_ok = can_alias and all(c.inplace_ok for c in codes)
     if options.inplace and not inplace_ok:
         bad = next((c.rank for c in codes if not c.inplace_ok), 0)
