@@ -268,18 +268,20 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     _, p, k, program, timing = best
     # a large program tries its other placements at its best count only: one more run in flight on paced links
     # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
-    # send and receive peer on a block of its own
+    # send and receive peer on a block of its own; SEARCH_SECONDS bounds the counts, not these (one lowering and
+    # timing of 256 GPUs takes 12 s, and the counts leave them nothing), which run to the deadline
+    until = stop_at if deadline is None else max(stop_at, deadline)
     for variant in (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]) if large else ():
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
-                or time.perf_counter() + took[k] >= stop_at:
+                or time.perf_counter() + took[k] >= until:
             break
         own = {p: (program, timing)}
-        _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), stop_at)
+        _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), until)
         if own[p][1].finish_time_s < timing.finish_time_s:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
     if large and k == 1 and enough is None:
-        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried)
+        program, timing = _grouped(program, timing, schedule, topology, base, until, took[1], enough_s, tried)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)

@@ -242,7 +242,7 @@ class Search:
     def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
         """Plan the constructive methods at every chunking (each in well under a second), call
         `meanwhile` (which may start the optimisers beside) and judge the best of them first, in a
-        third of the planning time left: if a program reaches good_enough, no optimiser can gain
+        third of the planning time left (all of it where no optimiser is a candidate, as at scale): if a program reaches good_enough, no optimiser can gain
         what is left and the search ends; if not, they are judged already (at scale, where lowering
         and timing take tens of seconds, the optimisers' time would otherwise leave them too
         little; at small sizes plans rank programs poorly)."""
@@ -259,7 +259,8 @@ class Search:
                 break
         meanwhile()
         now = time.perf_counter()
-        until = now + (self.deadline - now) / 3
+        optimisers = any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0])
+        until = now + (self.deadline - now) / 3 if optimisers else self.deadline  # nothing else to leave time to
         order = self.probed(until) if self.options.probe is not None else None
         judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
         best = self.results[0] if self.results else None  # judged ones rank first
