@@ -242,10 +242,11 @@ class Search:
     def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
         """Plan the constructive methods at every chunking (each in well under a second), call
         `meanwhile` (which may start the optimisers beside) and judge the best of them first, in a
-        third of the planning time left (all of it where no optimiser is a candidate, as at scale): if a program reaches good_enough, no optimiser can gain
-        what is left and the search ends; if not, they are judged already (at scale, where lowering
-        and timing take tens of seconds, the optimisers' time would otherwise leave them too
-        little; at small sizes plans rank programs poorly)."""
+        third of the planning time left (all of it where no optimiser is a candidate, as at scale):
+        if a program reaches good_enough, no optimiser can gain what is left and the search ends;
+        if not, they are judged already (at scale, where lowering and timing take tens of seconds,
+        the optimisers' time would otherwise leave them too little; at small sizes plans rank
+        programs poorly)."""
         first = self.one_iteration(demand)
         if first is not None and first.bound_ratio >= self.options.good_enough:
             judge(self, self.options.judge, self.deadline, self.options.good_enough, ("direct",))
