@@ -32,7 +32,9 @@ lane-aware lowering needs more steps per thread block than the runtime allows is
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
 transfers or more tries pace_ahead (k > 1) and pair_peers at its best count only, after the
 search, and at one instance its whole chunks over more channel groups (`_grouped`: where more
-instances would split elements or not fit, a connection still gets several thread blocks). A
+instances would split elements or not fit, a connection still gets several thread blocks); its
+counts after the first are lowered for the first's fastest protocol only, and its search runs to
+the deadline, not SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A
 limit that stops the search is noted, never an error unless no program at all fits. One lowering
 serves every protocol with the same connection slots (LL and LL128); the chosen program is
 verified by the caller.
@@ -60,7 +62,7 @@ MAX_INSTANCES = 32
 PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
-SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried
+SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried (but for a LARGE_PROGRAM)
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
@@ -161,13 +163,15 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     element_bytes: the data type's size; an instance count whose chunks would split elements at the
     schedule's size is not tried (divides), and one asked for is an error."""
     t0 = time.perf_counter()
-    stop_at = t0 + SEARCH_SECONDS if deadline is None else min(deadline, t0 + SEARCH_SECONDS)
+    large = len(schedule.transfers) >= LARGE_PROGRAM
+    # SEARCH_SECONDS bounds the search where each count is quick; a large program's counts and placements run to
+    # the deadline (one lowering and timing of 256 GPUs takes 12 s: 30 s left the second count out)
+    stop_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
     protos = protocols(topology, options.proto)
     ideal = {}
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
         ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
         protos = tuple(sorted(protos, key=ideal.__getitem__))
-    large = len(schedule.transfers) >= LARGE_PROGRAM
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     fixed = options.instances != 0
@@ -231,6 +235,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         p = _leader(timed)
         prog, timing = timed[p]
         protos = tuple(q for q in protos if q in timed and timed[q][1].finish_time_s <= BEHIND * timing.finish_time_s)
+        if large:  # each lowering takes seconds to minutes: the counts after this one are lowered for its leader only
+            protos = (p,)
         # a count below the best one is a fallback (fewer thread blocks), not a step further: no miss
         misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + (k > best[2])
         if best is None or timing.finish_time_s < best[0]:
@@ -268,20 +274,18 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     _, p, k, program, timing = best
     # a large program tries its other placements at its best count only: one more run in flight on paced links
     # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
-    # send and receive peer on a block of its own; SEARCH_SECONDS bounds the counts, not these (one lowering and
-    # timing of 256 GPUs takes 12 s, and the counts leave them nothing), which run to the deadline
-    until = stop_at if deadline is None else max(stop_at, deadline)
+    # send and receive peer on a block of its own
     for variant in (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]) if large else ():
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
-                or time.perf_counter() + took[k] >= until:
+                or time.perf_counter() + took[k] >= stop_at:
             break
         own = {p: (program, timing)}
-        _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), until)
+        _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), stop_at)
         if own[p][1].finish_time_s < timing.finish_time_s:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
     if large and k == 1 and enough is None:
-        program, timing = _grouped(program, timing, schedule, topology, base, until, took[1], enough_s, tried)
+        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
