@@ -30,14 +30,14 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more tries pace_ahead (k > 1) and pair_peers at its best count only, after the
-search, and at one instance its whole chunks over more channel groups (`_grouped`: where more
-instances would split elements or not fit, a connection still gets several thread blocks); its
-counts after the first are lowered for the first's fastest protocol only, and its search runs to
-the deadline, not SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A
-limit that stops the search is noted, never an error unless no program at all fits. One lowering
-serves every protocol with the same connection slots (LL and LL128); the chosen program is
-verified by the caller.
+transfers or more tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1) at its best count
+only, in that order, after the search, and at one instance its whole chunks over more channel
+groups (`_grouped`: where more instances would split elements or not fit, a connection still gets
+several thread blocks); its counts after the first are lowered for the first's fastest protocol
+only, and its search runs to the deadline, not SEARCH_SECONDS (one lowering and timing of 256
+GPUs takes 10 s or more). A limit that stops the search is noted, never an error unless no
+program at all fits. One lowering serves every protocol with the same connection slots (LL and
+LL128); the chosen program is verified by the caller.
 """
 
 from __future__ import annotations
@@ -274,8 +274,9 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     _, p, k, program, timing = best
     # a large program tries its other placements at its best count only: one more run in flight on paced links
     # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
-    # send and receive peer on a block of its own
-    for variant in (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]) if large else ():
+    # send and receive peer on a block of its own, then every instance on its own channel
+    for variant in (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
+                    + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else ():
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
                 or time.perf_counter() + took[k] >= stop_at:
             break
@@ -337,7 +338,7 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                 else []) \
         + ([] if large else [({"pair_peers": False}, False)]) \
         + ([({"gate_slow": True}, True)] if gated and not large else []) \
-        + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes else [])
+        + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes and not large else [])
     plain_s = _fastest_s(timed)
     reached = enough_s is not None and plain_s <= enough_s
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
