@@ -191,3 +191,21 @@ def test_an_uneven_saturating_count_gives_way_to_the_even_one_below_and_uneven_d
     # DGX A100 at 1 GB: the port's 13 becomes 10, the NIC's 3 has none in (1.5, 3], of the doublings only 2 is even
     assert whole_counts({13}, {13, 3}, fits) == ([10, 2], [13, 3, 4, 8, 16, 32])
     assert whole_counts(set(), set(), lambda k: k == 31) == ([], [2, 4, 8, 16, 32])  # 1 KB in bytes: no doubling
+
+
+@pytest.mark.parametrize("depid", ["missing block", "missing step"])
+def test_a_dependency_on_a_step_the_program_lacks_is_an_error_not_a_hang(topo, depid):
+    """The timer's waits are keyed by the steps some dependency names; a dependency on a thread
+    block or step that does not exist never comes, and the timer says where (as for a message
+    that never comes), instead of timing the rest."""
+    from dataclasses import replace
+    t = topo("dgx-a100")
+    p = lower(plan(t, make_demand("allgather", t.ngpus, MiB), PlanOptions(method="ring")), t, LowerOptions())
+    time_program(p, t, MiB)  # the program as lowered runs
+    g = p.gpus[0]
+    tb = g.tbs[0]
+    bad = (len(g.tbs) + 3, 0) if depid == "missing block" else (len(g.tbs) - 1, 10**6)
+    step = replace(tb.steps[0], depid=bad[0], deps=bad[1])
+    g = replace(g, tbs=(replace(tb, steps=(step,) + tb.steps[1:]),) + g.tbs[1:])
+    with pytest.raises(CompileError, match=r"rank 0 tb 0 step 0 can never run"):
+        time_program(replace(p, gpus=(g,) + p.gpus[1:]), t, MiB)

@@ -156,7 +156,8 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     held = [0.0] * len(topo.links)  # lane-seconds of holds per link
     working = [0.0] * ntbs  # seconds each thread block spent sending (holds and step latency)
     finished = [0.0] * iterations
-    blocked_on: dict[int, list[int]] = {}  # what a waiting tb needs (>= 0: a target's done; < 0: a message) -> tbs
+    blocked_on: dict[int | None, list[int]] = {}  # what a waiting tb needs (>= 0: a target's done; < 0: a
+    # message on connection -1 - key; None: a step that does not exist) -> the tbs waiting for it
     heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
 
     remaining = sum(nsteps) * iterations
@@ -184,7 +185,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             if d > t:
                 t = d
         elif dep == NEVER:
-            blocked_on.setdefault(NEVER, []).append(i)
+            blocked_on.setdefault(None, []).append(i)  # woken by nothing
             continue
         if kind & RECV:
             conn = recv_conn[i]
