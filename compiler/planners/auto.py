@@ -260,8 +260,7 @@ class Search:
                 break
         meanwhile()
         now = time.perf_counter()
-        optimisers = any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0])
-        until = now + (self.deadline - now) / 3 if optimisers else self.deadline  # nothing else to leave time to
+        until = now + (self.deadline - now) / 3 if self.optimisers(demand) else self.deadline  # none to leave time to
         order = self.probed(until) if self.options.probe is not None else None
         judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
         best = self.results[0] if self.results else None  # judged ones rank first
@@ -311,12 +310,15 @@ class Search:
                 self.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
         return out
 
+    def optimisers(self, demand: Demand) -> bool:
+        """Whether an optimiser (milp, lp, rounds) is a candidate for `demand` (none at scale)."""
+        return any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0])
+
     def beside(self, demand: Demand) -> Background | None:
         """The optimisers planned in a second process (background.Background, _optimise) while this
         one judges the constructive candidates, where auto may use two processes and an optimiser
         is a candidate; None otherwise."""
-        if workers(self.options.workers) < 2 \
-                or not any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0]):
+        if workers(self.options.workers) < 2 or not self.optimisers(demand):
             return None
         options = replace(self.options, judge=None, probe=None, progress=picklable(self.options.progress))
         return Background.start(_optimise, (self.topo, demand, options, self.deadline, self.refinements,
