@@ -14,7 +14,9 @@ This is where a shared NIC counts once, not once per GPU.
 Latency: every pair that must communicate pays at least the cheapest chain of transfers between
 them, and the last byte of the bandwidth-bound phase is delivered at least one alpha later. Under
 the runtime cost model every transfer of the chain also pays its step latency (`chains_s`, per
-protocol; analysis/links.runtime_floor makes the program floor of it).
+protocol; analysis/links.runtime_floor makes the program floor of it); across nodes a copy
+demand's chain is also at least the lesser of a relay (two transfers) and sending every remote
+copy directly through the sources' own links (`relayed_or_direct_s`).
 AllReduce with point-to-point algorithms = reduce-scatter + allgather (hardware.md §3.1).
 """
 
@@ -392,10 +394,84 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
         raise DemandError(f"demand: rank {d} needs data from rank {s} but no path connects them")
     latency = float(dist[pairs].max()) if pairs.any() else 0.0
     alpha = float(dist[pairs].min()) if pairs.any() else 0.0
-    chains = tuple((p, float(alpha_distances(topo, hop_steps(topo, p))[pairs].max()) if pairs.any() else 0.0)
+    chains = tuple((p, max(float(alpha_distances(topo, hop_steps(topo, p))[pairs].max()) if pairs.any() else 0.0,
+                           relayed_or_direct_s(topo, traffic, p)))
                    for p in (topo.costs.names if topo.costs is not None else ()))
     return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method,
                  chains)
+
+
+RELAY_MAX_GPUS = 128  # relayed_or_direct_s compares every two-transfer chain: n^3 sums
+
+
+def relayed_or_direct_s(topo: Topology, traffic: Traffic, proto: str) -> float:
+    """The latency bound of `proto` programs from one choice every copy demand across nodes makes:
+    either some chunk reaches a GPU of another node through a relay (a chain of two transfers or
+    more, each paying its alpha and step), or every such delivery is one transfer from the chunk's
+    only holder, through switches alone. Then each group of GPUs (one GPU, or those sharing a NIC
+    or a package) sends its chunks once per remote destination, through its own links to the
+    other nodes, and the last of those holds ends no earlier than those bytes at that bandwidth
+    (the protocol's payload share), a step and an alpha before it arrives. So T >= the lesser of
+    the two (the launch is runtime_floor's). The usual chain bound counts one transfer per pair:
+    at small sizes on DGX-2 x 2 an allgather relays to save its NICs and pays two hops, or sends
+    direct and pays the NICs 16 times over. 0 where it does not apply (one node, reductions, over
+    RELAY_MAX_GPUS GPUs, a multicast network switch)."""
+    from compiler.analysis.links import Costing
+    n, per = topo.ngpus, topo.gpus_per_node
+    if topo.nodes < 2 or traffic.reduce or n > RELAY_MAX_GPUS or topo.costs is None:
+        return 0.0
+    if any(s.multicast for s in topo.switches if s.kind == "network"):
+        return 0.0  # one send could reach several nodes
+    node = np.arange(n) // per
+    same = node[:, None] == node[None, :]
+    sole = traffic.src.sum(axis=1) == 1  # chunk rows whose only holder is their source
+    src = np.argmax(traffic.src, axis=1)
+    remote = traffic.dst & ~traffic.src & (node[None, :] != node[src][:, None]) & sole[:, None]
+    if not remote.any():
+        return 0.0
+    cross = np.zeros((n, n), dtype=bool)
+    rows, dests = np.nonzero(remote)
+    cross[src[rows], dests] = True
+    inside, across = hop_steps(topo, proto)
+    one = _one_transfer(topo)
+    step = np.where(same, inside, across)
+    w = one + step
+    d = alpha_distances(topo, (inside, across)).copy()
+    np.fill_diagonal(d, np.inf)  # the relay is not the destination
+    relayed = np.min(w[:, :, None] + d[None, :, :], axis=1)  # s -> x, then x ~> d: two transfers or more
+    relay_s = float(relayed[cross].min())
+    out_bytes = np.bincount(src[rows], weights=traffic.nbytes[rows], minlength=n)
+    in_bytes = np.bincount(dests, weights=traffic.nbytes[rows], minlength=n)
+    worst, sym = 0.0, node_symmetry(topo)
+    for group in [(g,) for g in range(n)] + _groups(topo):
+        data = (out_bytes[list(group)].sum(), in_bytes[list(group)].sum())
+        if max(data) <= 0:
+            continue
+        key = (topo, sym.pattern(group) if sym is not None else group)  # the same for every image of the group
+        if key not in _SWITCHED:
+            others = [g for g in range(n) if node[g] != node[group[0]]]
+            if len(_SWITCHED) >= 4096:
+                _SWITCHED.clear()
+            _SWITCHED[key] = (_switched_flow(topo, group, others), _switched_flow(topo, others, group))
+        for bytes_, cap in zip(data, _SWITCHED[key]):
+            if bytes_ > 0 and cap > 0:
+                worst = max(worst, bytes_ / cap)
+    direct_s = worst / Costing.of(topo, proto).efficiency + across + float(one[cross].min())
+    return float(min(relay_s, direct_s))
+
+
+def _switched_flow(topo: Topology, sources, sinks) -> float:
+    """Max flow from GPUs `sources` to GPUs `sinks` through switches only (one transfer's path
+    never passes through another GPU)."""
+    ends = set(sources) | set(sinks)
+    net = _FlowNet(topo)
+    keep = [i for i, l in enumerate(topo.links) if (not topo.is_gpu(l.src) or l.src in ends)
+            and (not topo.is_gpu(l.dst) or l.dst in ends)]
+    net.rows, net.cols, net.caps = ([x[i] for i in keep] for x in (net.rows, net.cols, net.caps))
+    return net.flow(list(sources), list(sinks))
+
+
+_SWITCHED: dict = {}  # (topology, GPU group up to node symmetry) -> switched flows out of it and into it
 
 
 def hop_steps(topo: Topology, proto: str) -> tuple[float, float]:
