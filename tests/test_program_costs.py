@@ -231,3 +231,27 @@ def test_tied_plans_are_judged_cheapest_first(topo):
     eight = next(c for c in cands if c.parts == 8)
     probed = [eight] + [c for c in by_plan if c is not eight]
     assert [c.parts for c in cheapest_of_ties(probed, {id(eight): 1.0})] == [8, 4, 2]
+
+
+def test_probes_run_cheapest_first_so_a_short_window_still_ranks_the_coarse_plans(topo):
+    """DGX-2 x 2 allgather 64 KB: hier at 1, 2, 4 and 8 chunks plan within PROBED of each other.
+    The probes run in order of transfers, fewest first; with the window already closed only the
+    first runs, and it is the cheapest (in plan order it was hier/8ch, the dearest, and hier/1ch,
+    whose program is the best, went unprobed)."""
+    import time as clock
+    from compiler.planners.auto import Candidate, Search
+    t = topo("dgx2", 2)
+    cands = []
+    for chunks in (1, 2, 4, 8):
+        s = plan(t, make_demand("allgather", 32, 65536, chunks), PlanOptions(method="hier"))
+        m = simulate(t, s, "LL")
+        cands.append(Candidate(m.finish_time_s, chunks, "hier", s, m.bound_ratio))
+    assert min(cands, key=lambda c: c.finish_time_s).parts != 1  # plan order would not probe hier/1ch first
+    seen = []
+    options = PlanOptions(probe=lambda s: seen.append(len(s.transfers)) or float(len(s.transfers)), good_enough=1.0)
+    search = Search(t, options, clock.perf_counter() + 60, (1, 2, 4, 8), results=list(cands))
+    search.probed(clock.perf_counter() + 60)
+    assert seen == sorted(len(c.schedule.transfers) for c in cands)
+    seen.clear()
+    search.probed(clock.perf_counter() - 1)
+    assert seen == [min(len(c.schedule.transfers) for c in cands)]
