@@ -211,28 +211,6 @@ def test_a_dependency_on_a_step_the_program_lacks_is_an_error_not_a_hang(topo, d
         time_program(replace(p, gpus=(g,) + p.gpus[1:]), t, MiB)
 
 
-def test_tied_plans_are_judged_cheapest_first(topo):
-    """DGX-2 x 2 allgather 64 MB: hier/8ch's plan ties hier/4ch's (the simulator says so) and has
-    twice its transfers; the coarser is judged first, hier/2ch (its plan 3 % behind) keeps its
-    place after both, and a probed candidate keeps the order its probe gave."""
-    from compiler.analysis.simulate import simulate
-    from compiler.planners.auto import TIE, Candidate, cheapest_of_ties
-    t = topo("dgx2", 2)
-    size = 64 * 10**6
-    cands = []
-    for chunks in (2, 4, 8):
-        s = plan(t, make_demand("allgather", 32, size, chunks), PlanOptions(method="hier"))
-        m = simulate(t, s, "Simple")
-        cands.append(Candidate(m.finish_time_s, chunks, "hier", s, m.bound_ratio))
-    by_plan = sorted(cands, key=lambda c: (c.finish_time_s, c.parts))
-    assert [c.parts for c in by_plan][-1] == 2 and by_plan[-1].finish_time_s > by_plan[0].finish_time_s * (1 + TIE)
-    assert by_plan[1].finish_time_s <= by_plan[0].finish_time_s * (1 + TIE)  # 4ch and 8ch tie
-    assert [c.parts for c in cheapest_of_ties(by_plan, {})] == [4, 8, 2]
-    eight = next(c for c in cands if c.parts == 8)
-    probed = [eight] + [c for c in by_plan if c is not eight]
-    assert [c.parts for c in cheapest_of_ties(probed, {id(eight): 1.0})] == [8, 4, 2]
-
-
 def test_probes_run_cheapest_first_so_a_short_window_still_ranks_the_coarse_plans(topo):
     """DGX-2 x 2 allgather 64 KB: hier at 1, 2, 4 and 8 chunks plan within PROBED of each other.
     The probes run in order of transfers, fewest first; with the window already closed only the

@@ -104,7 +104,6 @@ BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a
 # (no program beats its schedule's ideal by much: instances cutting chunks finer gained under 2 % in our tables)
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
-TIE = 0.005  # plans within this share of each other are judged cheapest first (cheapest_of_ties)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
@@ -375,8 +374,7 @@ def _optimise(topo: Topology, demand: Demand, options: PlanOptions, deadline: fl
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
           only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None) -> None:
     """Realise the best planned candidates (of the methods `only`, where given), in planned order
-    (those with `probes`, one-instance program times by candidate id, first in their order; plans
-    that tie, the one with the fewest transfers first: cheapest_of_ties),
+    (those with `probes`, one-instance program times by candidate id, first in their order),
     until JUDGED more have programs: none more once the deadline has passed or one reaches
     good_enough of the program floor (unless none has a program yet), and none whose ideal program
     cannot beat a judged program by what finer instances gain, or would not be judged by the
@@ -389,7 +387,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     fresh, kept = 0, []
     probes = probes or {}
     first = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), c.finish_time_s, c.parts, c.method)  # noqa: E731
-    for c in cheapest_of_ties(sorted(search.results, key=first), probes):
+    for c in sorted(search.results, key=first):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
         if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
@@ -414,25 +412,6 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
         kept.append(c)
     kept.sort(key=lambda c: (c.program_s is None, c.time_s, c.parts, c.method))
     search.results = kept
-
-
-def cheapest_of_ties(ordered: list[Candidate], probes: dict[int, float]) -> list[Candidate]:
-    """`ordered` with each run of unprobed candidates whose plans are within TIE of the run's first
-    reordered by transfers, fewest first: plans that tie rank their programs no better than by
-    chance, and the coarser one costs less to judge and leaves the time for the next (DGX-2 x 2
-    allgather 64 MB: hier/8ch's plan ties hier/4ch's and took 18 s of the first 20 to judge; both
-    realise 15 % slower than hier/2ch, whose plan is 3 % behind)."""
-    out: list[Candidate] = []
-    i = 0
-    while i < len(ordered):
-        j = i + 1
-        if id(ordered[i]) not in probes:
-            while j < len(ordered) and id(ordered[j]) not in probes \
-                    and ordered[j].finish_time_s <= ordered[i].finish_time_s * (1 + TIE):
-                j += 1
-        out += sorted(ordered[i:j], key=lambda c: len(c.schedule.transfers))
-        i = j
-    return out
 
 
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
