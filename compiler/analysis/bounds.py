@@ -141,7 +141,8 @@ class Traffic:
 class _FlowNet:
     """The topology as an integer-capacity graph with a super source and sink appended."""
 
-    def __init__(self, topo: Topology, split: tuple[int, ...] = ()):
+    def __init__(self, topo: Topology, split: tuple[int, ...] = (), gpus: set[int] | None = None):
+        """gpus: where given, the only GPUs links may start or end at (others are not passed through)."""
         self.topo = topo
         v = topo.nvertices
         # a GPU in `split` gets a separate in-side vertex: links into it end there
@@ -150,6 +151,8 @@ class _FlowNet:
         self.source, self.sink = self.nv - 2, self.nv - 1
         rows, cols, caps = [], [], []
         for l in topo.links:
+            if gpus is not None and any(topo.is_gpu(x) and x not in gpus for x in (l.src, l.dst)):
+                continue
             rows.append(l.src)
             cols.append(self.in_side.get(l.dst, l.dst))
             caps.append(max(1, round(l.capacity / CAP_UNIT)))
@@ -463,12 +466,7 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, proto: str) -> float:
 def _switched_flow(topo: Topology, sources, sinks) -> float:
     """Max flow from GPUs `sources` to GPUs `sinks` through switches only (one transfer's path
     never passes through another GPU)."""
-    ends = set(sources) | set(sinks)
-    net = _FlowNet(topo)
-    keep = [i for i, l in enumerate(topo.links) if (not topo.is_gpu(l.src) or l.src in ends)
-            and (not topo.is_gpu(l.dst) or l.dst in ends)]
-    net.rows, net.cols, net.caps = ([x[i] for i in keep] for x in (net.rows, net.cols, net.caps))
-    return net.flow(list(sources), list(sinks))
+    return _FlowNet(topo, gpus=set(sources) | set(sinks)).flow(list(sources), list(sinks))
 
 
 _SWITCHED: dict = {}  # (topology, GPU group up to node symmetry) -> switched flows out of it and into it
