@@ -397,9 +397,10 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
         raise DemandError(f"demand: rank {d} needs data from rank {s} but no path connects them")
     latency = float(dist[pairs].max()) if pairs.any() else 0.0
     alpha = float(dist[pairs].min()) if pairs.any() else 0.0
-    chains = tuple((p, max(float(alpha_distances(topo, hop_steps(topo, p))[pairs].max()) if pairs.any() else 0.0,
-                           relayed_or_direct_s(topo, traffic, p)))
-                   for p in (topo.costs.names if topo.costs is not None else ()))
+    chained = {p: alpha_distances(topo, hop_steps(topo, p)) for p in (topo.costs.names if topo.costs is not None else ())}
+    relayed = relayed_or_direct_s(topo, traffic, chained)
+    chains = tuple((p, max(float(d[pairs].max()) if pairs.any() else 0.0, relayed.get(p, 0.0)))
+                   for p, d in chained.items())
     return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method,
                  chains)
 
@@ -407,8 +408,9 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
 RELAY_MAX_GPUS = 128  # relayed_or_direct_s compares every two-transfer chain: n^3 sums
 
 
-def relayed_or_direct_s(topo: Topology, traffic: Traffic, proto: str) -> float:
-    """The latency bound of `proto` programs from one choice every copy demand across nodes makes:
+def relayed_or_direct_s(topo: Topology, traffic: Traffic, chained: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per protocol of `chained` (its cheapest chains between GPUs, every transfer paying its step:
+    alpha_distances), the latency bound of its programs from one choice every copy demand across nodes makes:
     either some chunk reaches a GPU of another node through a relay (a chain of two transfers or
     more, each paying its alpha and step), or every such delivery is one transfer from the chunk's
     only holder, through switches alone. Then each group of GPUs (one GPU, or those sharing a NIC
@@ -417,32 +419,25 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, proto: str) -> float:
     (the protocol's payload share), a step and an alpha before it arrives. So T >= the lesser of
     the two (the launch is runtime_floor's). The usual chain bound counts one transfer per pair:
     at small sizes on DGX-2 x 2 an allgather relays to save its NICs and pays two hops, or sends
-    direct and pays the NICs 16 times over. 0 where it does not apply (one node, reductions, over
-    RELAY_MAX_GPUS GPUs, a multicast network switch)."""
+    direct and pays the NICs 16 times over. Empty where it does not apply (one node, reductions,
+    over RELAY_MAX_GPUS GPUs, a multicast network switch)."""
     from compiler.analysis.links import Costing
     n, per = topo.ngpus, topo.gpus_per_node
     if topo.nodes < 2 or traffic.reduce or n > RELAY_MAX_GPUS or topo.costs is None:
-        return 0.0
+        return {}
     if any(s.multicast for s in topo.switches if s.kind == "network"):
-        return 0.0  # one send could reach several nodes
+        return {}  # one send could reach several nodes
     node = np.arange(n) // per
     same = node[:, None] == node[None, :]
     sole = traffic.src.sum(axis=1) == 1  # chunk rows whose only holder is their source
     src = np.argmax(traffic.src, axis=1)
     remote = traffic.dst & ~traffic.src & (node[None, :] != node[src][:, None]) & sole[:, None]
     if not remote.any():
-        return 0.0
+        return {}
     cross = np.zeros((n, n), dtype=bool)
     rows, dests = np.nonzero(remote)
     cross[src[rows], dests] = True
-    inside, across = hop_steps(topo, proto)
     one = _one_transfer(topo)
-    step = np.where(same, inside, across)
-    w = one + step
-    d = alpha_distances(topo, (inside, across)).copy()
-    np.fill_diagonal(d, np.inf)  # the relay is not the destination
-    relayed = np.min(w[:, :, None] + d[None, :, :], axis=1)  # s -> x, then x ~> d: two transfers or more
-    relay_s = float(relayed[cross].min())
     out_bytes = np.bincount(src[rows], weights=traffic.nbytes[rows], minlength=n)
     in_bytes = np.bincount(dests, weights=traffic.nbytes[rows], minlength=n)
     worst, sym = 0.0, node_symmetry(topo)
@@ -459,8 +454,16 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, proto: str) -> float:
         for bytes_, cap in zip(data, _SWITCHED[key]):
             if bytes_ > 0 and cap > 0:
                 worst = max(worst, bytes_ / cap)
-    direct_s = worst / Costing.of(topo, proto).efficiency + across + float(one[cross].min())
-    return float(min(relay_s, direct_s))
+    out = {}
+    for proto, chains in chained.items():
+        inside, across = hop_steps(topo, proto)
+        w = one + np.where(same, inside, across)
+        d = chains.copy()
+        np.fill_diagonal(d, np.inf)  # the relay is not the destination
+        relayed = np.min(w[:, :, None] + d[None, :, :], axis=1)  # s -> x, then x ~> d: two transfers or more
+        direct_s = worst / Costing.of(topo, proto).efficiency + across + float(one[cross].min())
+        out[proto] = float(min(relayed[cross].min(), direct_s))
+    return out
 
 
 def _switched_flow(topo: Topology, sources, sinks) -> float:
