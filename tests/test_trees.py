@@ -1,6 +1,8 @@
 """The trees planner: a multicast flow LP, spanning trees cut from its loads, chunks pipelined down
 them. Judged by the cut bound, the simulator and the program timer, never by its own numbers."""
 
+import time
+
 import pytest
 
 from compiler.analysis.bounds import bound_for
@@ -8,7 +10,7 @@ from compiler.analysis.simulate import bound_of, program_floor, simulate
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import make_demand
 from compiler.planners import PlanOptions, plan
-from compiler.planners.auto import candidates
+from compiler.planners.auto import REFINEMENTS, TREE_PARTS, Search, candidates
 from compiler.planners.trees import multicast_loads
 from compiler.program.verify import verify
 from compiler.realise import realise
@@ -51,15 +53,15 @@ def test_trees_deliver_every_chunk_and_pipeline_toward_the_bound(topo):
     assert ratios == sorted(ratios) and ratios[-1] > 0.9
 
 
-@pytest.mark.parametrize("size, ratio", [(1_024_000_000, 0.95), (GB, 0.9)])
-def test_the_trees_program_reaches_095_of_the_program_floor_on_mi250(topo, size, ratio):
-    """MI250 allgather in 20 chunks per rank: realise finds a program for RCCL that verifies, whose
-    chunks are whole elements at the size, and that the timer puts at >= 0.95 of the program floor
-    where the size splits evenly over 8 instances (1.024 x 10^9 bytes; the rounds plan's program:
-    0.874). At 10^9 bytes (2^7 x 5^9 float32 elements) 8 instances would split elements, and the
-    counts that divide reach about 0.92."""
+@pytest.mark.parametrize("size, chunks, ratio", [(1_024_000_000, 20, 0.95), (GB, 20, 0.9), (GB, 25, 0.95)])
+def test_the_trees_program_reaches_095_of_the_program_floor_on_mi250(topo, size, chunks, ratio):
+    """MI250 allgather: realise finds a program for RCCL that verifies, whose chunks are whole
+    elements at the size, and that the timer puts at >= 0.95 of the program floor where the size
+    splits evenly over 8 instances (20 chunks per rank at 1.024 x 10^9 bytes, 25 at 10^9; the
+    rounds plan's program: 0.874). In 20 chunks at 10^9 bytes (2^7 x 5^9 float32 elements) 8
+    instances would split elements, and the counts that divide reach about 0.92."""
     t = topo("mi250")
-    d = make_demand("allgather", t.ngpus, size, 20)
+    d = make_demand("allgather", t.ngpus, size, chunks)
     s = plan(t, d, PlanOptions(method="trees"))
     r = realise(s, t, LowerOptions(proto="auto", instances=0), "rccl")
     assert verify(r.program, "rccl", d.split(r.instances), t.sms).ok
@@ -74,6 +76,18 @@ def test_auto_plans_trees_only_where_they_apply(topo):
     assert "trees" not in candidates(topo("mi250"), make_demand("alltoall", 8, GB), PlanOptions())[0]
     assert "trees" not in candidates(topo("dgx2"), make_demand("allgather", 16, GB), PlanOptions())[0]
     assert "trees" not in candidates(topo("mi250", 2), make_demand("allgather", 16, GB), PlanOptions())[0]
+
+
+@pytest.mark.parametrize("size, parts", [(GB, 25), (2**30, 16)])
+def test_auto_plans_trees_at_the_finest_tree_chunking_whose_chunks_are_whole_elements(topo, size, parts):
+    """Beyond the common refinements, auto cuts chunks for trees into the first of TREE_PARTS that
+    gives whole float32 elements, and no coarser one (each costs a judging for a worse program)."""
+    t = topo("mi250")
+    search = Search(t, PlanOptions(), time.perf_counter() + 60, REFINEMENTS + TREE_PARTS)
+    for n in range(len(search.refinements)):
+        if not search.chunking(make_demand("allgather", t.ngpus, size), n, only=("trees",)):
+            break
+    assert sorted(p for p, m in search.planned if m == "trees") == sorted(REFINEMENTS + (parts,))
 
 
 @pytest.mark.parametrize("hw,nodes,why", [("dgx2", 1, "through switches"), ("mi250", 2, "has 2")])

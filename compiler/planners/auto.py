@@ -94,9 +94,10 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
 
 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
-TREE_PARTS = (16, 20)  # and for trees alone (planned in well under a second, it pipelines many small chunks; 20
-# where 1 GB is 10^9 bytes, 16 where it is 2^30, so that 8 ranks' chunks are whole elements; finer chunks need
-# more steps per thread block than RCCL's 64 at the instances that fill MI250's 4-link pairs)
+TREE_PARTS = (25, 20, 16)  # and for trees alone, the first of them whose chunks are whole elements (planned in
+# well under a second, trees pipelines many small chunks; finer chunks need more steps per thread block than RCCL's
+# 64 at the 8 instances that fill MI250's 4-link pairs). 25 where 1 GB is 10^9 bytes (MI250 allgather: trees/25ch
+# with 8 instances 0.964 of the bound, trees/20ch fits only 4: 0.921), 16 where it is 2^30
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
@@ -204,7 +205,7 @@ class Search:
         methods = [m for m in methods if (parts, m) not in self.planned]
         for method in methods:  # a failing milp may append rounds to `methods`
             self.candidate(d, refine, inverse, method, methods, n)
-        return True
+        return parts not in TREE_PARTS  # trees at the finest of them that divides, not at the coarser ones too
 
     def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int) -> None:
         """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
