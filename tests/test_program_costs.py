@@ -101,7 +101,9 @@ def test_auto_stops_once_a_program_is_good_enough(topo):
     # the program timer, not the planner, says the stop was earned: within 0.9 of the floor
     assert floor / time_program(quick.program, t, demand.size_bytes).finish_time_s >= 0.9
     assert any("left out: the optimisers" in n and "--good-enough 0.9" in n for n in quick.notes)
-    assert not any("the optimisers" in n or "stopped early" in n for n in full.notes)
+    # good_enough 1 stops only for a program at the floor itself (trees/25ch is, on this mesh)
+    at_floor = full.time_s <= floor * (1 + 1e-9)
+    assert at_floor or not any("the optimisers" in n or "stopped early" in n for n in full.notes)
     # the whole search can only do as well or better, and the early stop gave up less than the rest
     assert full.time_s <= quick.time_s * (1 + 1e-9)
     assert quick.time_s <= floor / 0.9
