@@ -40,6 +40,37 @@ def test_one_send_costs_launch_pieces_steps_and_alpha(topo, chunk):
     assert plain.finish_time_s == pytest.approx(chunk / link.bandwidth + link.alpha, rel=1e-9)
 
 
+def _merged(program, kind):
+    """`program` with each thread block's steps of `kind` merged into one step of their total cnt."""
+    from dataclasses import replace
+    gpus = []
+    for g in program.gpus:
+        tbs = []
+        for tb in g.tbs:
+            same = [st for st in tb.steps if st.type == kind]
+            rest = [st for st in tb.steps if st.type != kind]
+            tbs.append(replace(tb, steps=tuple(rest + [replace(same[0], cnt=sum(st.cnt for st in same))] if same else rest)))
+        gpus.append(replace(g, tbs=tuple(tbs)))
+    return replace(program, gpus=tuple(gpus))
+
+
+@pytest.mark.parametrize("chunk", [MiB // 4, 16 * MiB])
+def test_a_step_of_several_chunks_pays_a_step_latency_per_primitive_call(topo, chunk):
+    """The host lets one primitive call move as many chunks as fit an iteration (msccl-xml.md
+    section 5): four quarter-MiB chunks sent as one step of cnt 4 pay one step latency, not four;
+    four 16 MiB chunks pay four either way, one per chunk, as four steps of cnt 1 do."""
+    t = topo("fully-connected:2")
+    nbytes = 4 * chunk
+    program = lower(plan(t, make_demand("broadcast", 2, nbytes, 4, 0), PlanOptions(method="direct")), t,
+                    LowerOptions(proto="Simple"))
+    merged = _merged(_merged(program, "s"), "r")
+    assert [st.cnt for st in merged.gpus[1].tbs[0].steps] == [4]
+    apart, together = (time_program(p, t, nbytes).finish_time_s for p in (program, merged))
+    step = t.costs.protocol("Simple").step_time(t.links[0].kind)
+    saved = 3 * step if chunk < t.costs.protocol("Simple").iteration_bytes else 0.0
+    assert apart - together == pytest.approx(saved, abs=1e-12)
+
+
 def test_one_thread_block_cannot_fill_a_switch_port_and_instances_help(topo):
     t = topo("dgx-a100")
     schedule = plan(t, make_demand("allgather", 8, 64 * MiB), PlanOptions(method="ring"))

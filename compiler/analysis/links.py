@@ -50,6 +50,10 @@ class Costing:
     def iterations(self, chunk_bytes: float) -> int:
         return self.cost.iterations(chunk_bytes) if self.cost else 1
 
+    def calls(self, cnt: int, chunk_bytes: float) -> int:
+        """Step synchronisations a step of `cnt` chunks pays per iteration (ProtocolCost.calls; 1 without costs)."""
+        return self.cost.calls(cnt, chunk_bytes) if self.cost else 1
+
     def step(self, kind: str) -> float:
         return self.cost.step_time(kind) if self.cost else 0.0
 

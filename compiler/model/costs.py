@@ -26,6 +26,9 @@ DEFAULT_GENERATION = {"nvidia": "ampere", "amd": "cdna2", "other": "generic"}
 DEFAULT_GPU_LINK = {"nvidia": "nvlink", "amd": "xgmi", "other": "nvlink"}
 
 
+MAX_COUNT = 71  # the most chunks one primitive call moves (the executor's clamp of maxAllowedCount)
+
+
 @dataclass(frozen=True)
 class ProtocolCost:
     launch: float  # seconds, once per call
@@ -43,6 +46,14 @@ class ProtocolCost:
     def iterations(self, chunk_bytes: float) -> int:
         """Loop iterations of the MSCCL kernel for chunks of this size."""
         return max(1, math.ceil(chunk_bytes / self.iteration_bytes - 1e-9))
+
+    def calls(self, cnt: int, chunk_bytes: float) -> int:
+        """Primitive calls (each a step's synchronisation) a step of `cnt` chunks makes per loop
+        iteration: the host lets one call move maxAllowedCount = clamp(iteration payload / chunk
+        bytes, 1, MAX_COUNT) chunks, so where a chunk fills an iteration, every chunk of the step is
+        a call of its own (msccl-xml.md section 5)."""
+        per_call = min(MAX_COUNT, max(1, int(self.iteration_bytes // max(chunk_bytes, 1e-9))))
+        return -(-cnt // per_call)
 
 
 @dataclass(frozen=True)

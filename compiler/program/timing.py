@@ -9,7 +9,8 @@ best path: it starts when the step is ready (program order, its dependency in th
 and for rcs/rrs/rrcs the incoming message) and a thread-block lane is free on every link of the
 path (a link carries as many thread blocks at once as fit its bandwidth, Costing.lanes), holds
 that lane for bytes / (the lane's share of the payload bandwidth), then costs the thread block the
-protocol's step latency, and its data arrives alpha after that. A receive completes when its
+protocol's step latency once per primitive call the host splits the step into (one per chunk
+where a chunk fills an iteration: Costing.calls), and its data arrives alpha after that. A receive completes when its
 message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
 order, so lanes are granted first come, first served in time order. A program of many iterations
 is timed over its first MAX_ITERATIONS (fewer for a program of millions of steps) and extrapolated at the steady rate of the last ones, and
@@ -27,6 +28,7 @@ import heapq
 from dataclasses import dataclass
 
 from compiler.analysis.links import Costing, path_kind
+from compiler.model.costs import MAX_COUNT
 from compiler.model.program import RECVS, SENDS, Program
 from compiler.model.topology import Topology
 from compiler.specs.collectives import CUSTOM
@@ -99,7 +101,8 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     timed = timed_iterations(program, iterations)
     by_tb: dict | None = {} if per_tb is not None else None
     busiest: list[float] = []
-    finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb, busiest)
+    calls = [costing.calls(c, chunk) for c in range(MAX_COUNT + 2)]
+    finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb, busiest, calls)
     sends = sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)
     launch = costing.launch if sends else 0.0
     # the iterations not timed pass the busiest link or thread block no faster than the timed ones
@@ -132,9 +135,10 @@ def _monotone(xs: list[float]) -> list[float]:
 
 
 def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
-         trace: dict | None, by_tb: dict | None = None, busiest: list | None = None) -> list[float]:
+         trace: dict | None, by_tb: dict | None = None, busiest: list | None = None,
+         calls: list[int] | None = None) -> list[float]:
     """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
-    for each j. Event-driven: a thread block waits in a heap until its next step may start, or in
+    for each j. calls[cnt]: the step synchronisations a step of cnt chunks pays (Costing.calls). Event-driven: a thread block waits in a heap until its next step may start, or in
     `blocked_on` until what it needs (a dependency or a message) exists. Long on purpose: the
     event loop is the timer's hot path (auto and realise time dozens of programs per command), so
     each step is flattened first (_Flat: integer keys for connections and dependency targets) and
@@ -212,10 +216,13 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
                 free = lanes[l][0]
                 if free > start:
                     start = free
-            hold = cnts[i][s] * piece / rate
+            cnt = cnts[i][s]
+            hold = cnt * piece / rate
             for l in links:
                 heapreplace(lanes[l], start + hold)
                 held[l] += hold
+            if calls is not None and cnt > 1:
+                latency *= calls[cnt]
             end = start + hold + latency
             working[i] += hold + latency
             if trace is not None and it == 0:
