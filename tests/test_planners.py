@@ -116,6 +116,22 @@ def test_lp_rounding_meets_every_demand_and_reports_both_values():
             assert m.bound_ratio <= 1 + 1e-9
 
 
+def test_the_lp_horizon_search_starts_where_the_farthest_pair_can_first_be_reached():
+    """DGX-2 x 2 alltoall 16 KB is bound by alpha, not bandwidth: the LP one epoch short of its
+    reach (the flows' own distances) is infeasible, so the search starts at the reach, not at the
+    bandwidth bound's far shorter horizon, and still ends at a feasible one."""
+    from compiler.planners.lp import FluidModel, fluid_expansion, reach_epochs
+    topo = load_topology("dgx2", 2)
+    demand = make_demand("alltoall", topo.ngpus, 16 * 10**3)
+    te = fluid_expansion(topo, demand, bound_for(topo, demand).time_s)
+    reach = reach_epochs(topo, demand, te)
+    assert reach > bound_for(topo, demand).bandwidth_s / te.tau
+    assert not FluidModel(topo, demand, te, reach - 1).solve(30, False).has_solution
+    _, s, m = planned(topo, "alltoall", method="lp", size=16 * 10**3)
+    tried = next(n for n in s.notes if "horizons tried" in n).split("horizons tried ")[1].split(", ")
+    assert int(tried[0]) == reach and s.lp_value >= reach * te.tau * (1 - 1e-9)
+
+
 def test_lp_refuses_copies():
     with pytest.raises(CompileError, match="lp: allgather copies chunks"):
         planned(load_topology("dgx2"), "allgather", method="lp")
