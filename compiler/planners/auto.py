@@ -241,8 +241,9 @@ class Search:
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
 
     def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
-        """Plan the constructive methods at every chunking (each in well under a second), call
-        `meanwhile` (which may start the optimisers beside) and judge the best of them first, in a
+        """Call `meanwhile` (which may start the optimisers beside: a second process takes a second
+        or two to start), plan the constructive methods at every chunking (each in about a second or
+        less) and judge the best of them first, in a
         third of the planning time left (all of it where no optimiser is a candidate, as at scale):
         if a program reaches good_enough, no optimiser can gain what is left and the search ends;
         if not, they are judged already (at scale, where lowering and timing take tens of seconds,
@@ -256,10 +257,10 @@ class Search:
                 self.enough = (f"the other candidates (the program of direct at {best.parts}x already reaches "
                                f"{best.program_ratio:.3f} of the bound; --good-enough {self.options.good_enough:g})")
                 return
+        meanwhile()  # before the constructive chunkings: the second process starts up while they are planned
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
-        meanwhile()
         now = time.perf_counter()
         until = now + (self.deadline - now) / 3 if self.optimisers(demand) else self.deadline  # none to leave time to
         order = self.probed(until) if self.options.probe is not None else None
