@@ -243,8 +243,8 @@ class Search:
     def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
         """Call `meanwhile` (which may start the optimisers beside: a second process takes a second
         or two to start), plan the constructive methods at every chunking (each in about a second or
-        less) and judge the best of them first, in a
-        third of the planning time left (all of it where no optimiser is a candidate, as at scale):
+        less) and judge the best of them first, in a third of the planning time left (all of it
+        where no optimiser is a candidate, as at scale):
         if a program reaches good_enough, no optimiser can gain what is left and the search ends;
         if not, they are judged already (at scale, where lowering and timing take tens of seconds,
         the optimisers' time would otherwise leave them too little; at small sizes plans rank
