@@ -194,14 +194,14 @@ def test_a_chain_between_nodes_pays_the_network_s_step():
 
 
 def test_an_allgather_across_nodes_relays_in_two_hops_or_pays_its_nics_for_every_copy():
-    """DGX-2 x 2 allgather 256 KB: a chunk reaches a GPU of the other node in one transfer only from
+    """DGX-2 x 2 allgather 8 KB: a chunk reaches a GPU of the other node in one transfer only from
     its source, so either the NICs carry every remote copy (16 per chunk) or some chunk is relayed
     and pays two transfers' alpha and step. The LL floor is then the launch plus the cheapest
     two-transfer chain across the nodes, computed here by brute force from the profile."""
     from compiler.analysis.links import Costing
     from compiler.analysis.simulate import program_floor
     t = load_topology("dgx2", 2)
-    b = lower_bound(t, "allgather", 262144)
+    b = lower_bound(t, "allgather", t.ngpus * 256)
     ll = Costing.of(t, "LL")
     steps = dict(ll.cost.step)
 
@@ -213,6 +213,37 @@ def test_an_allgather_across_nodes_relays_in_two_hops_or_pays_its_nics_for_every
     assert two > hop(0, 16)  # the one-transfer chain the bound counted before
     assert b.chain_s("LL") == pytest.approx(two)
     assert program_floor(t, b) == pytest.approx(ll.launch + two)
+
+
+def test_a_gpu_takes_its_remote_chunks_through_its_nic_or_through_relays_after_one_crossing():
+    """DGX-2 x 2 allgather 256 KB in LL: GPU 16 needs the 16 chunks of node 0. Those it takes
+    through its own NIC link (12.5 GB/s at half payload) arrive a network alpha and step after
+    their bytes; those relayed by a GPU of node 1 cross its links in (NVSwitch and NIC) only after
+    one transfer across has arrived there, then pay an NVSwitch alpha and step. The LL floor is the
+    launch plus the best split of the bytes between the two, worked out here from the profile."""
+    from compiler.analysis.links import Costing
+    from compiler.analysis.simulate import program_floor
+    t = load_topology("dgx2", 2)
+    size, g = 262144, 16
+    b = lower_bound(t, "allgather", size)
+    ll = Costing.of(t, "LL")
+    steps = dict(ll.cost.step)
+    need = 16 * size / t.ngpus
+    links_in = [l for l in t.links if l.dst == g]
+    nic = sum(l.capacity for l in links_in if l.kind == "network") * ll.efficiency
+    every = sum(l.capacity for l in links_in) * ll.efficiency
+
+    def alpha(a, c):
+        return min(t.path_alpha(p) for p in t.paths(a, c) if (a < 16) != (c < 16) or len(p) == 3)
+
+    direct_at = min(alpha(s, g) for s in range(16)) + steps["network"]
+    relay_at = min(alpha(s, h) for s in range(16) for h in range(17, 32)) + steps["network"] \
+        + min(alpha(h, g) for h in range(17, 32)) + steps["nvlink"]
+    u = (relay_at - direct_at + need / every) / (1 / nic + 1 / every)  # bytes through the NIC: both end together
+    assert 0 < u < need
+    assert b.chain_s("LL") == pytest.approx(direct_at + u / nic)
+    assert b.chain_s("LL") > relay_at  # more than any chain of transfers: the bytes count
+    assert program_floor(t, b) == pytest.approx(ll.launch + direct_at + u / nic)
 
 
 @pytest.mark.parametrize("collective", ["alltoall", "allgather", "allreduce"])
@@ -229,8 +260,11 @@ def test_no_program_beats_the_relay_or_direct_floor(collective):
     t = load_topology("dgx2", 2)
     for size in (t.ngpus * 128, t.ngpus * 2048, 2**18):
         floor = program_floor(t, lower_bound(t, collective, size))
-        for method in {"allgather": ("direct", "hier"), "alltoall": ("direct",), "allreduce": ("ring", "direct")}[collective]:
+        for method in {"allgather": ("direct", "hier", "ring"), "alltoall": ("direct",),
+                       "allreduce": ("ring", "direct")}[collective]:
             s = plan(t, make_demand(collective, t.ngpus, size), PlanOptions(method=method, time_limit=5))
             for proto in t.costs.names:
-                program = lower(s, t, LowerOptions(proto=proto))
-                assert time_program(program, t, size).finish_time_s >= floor * (1 - 1e-9), (method, proto, size)
+                for instances in (1, 2):
+                    program = lower(s, t, LowerOptions(proto=proto, instances=instances))
+                    assert time_program(program, t, size).finish_time_s >= floor * (1 - 1e-9), \
+                        (method, proto, instances, size)

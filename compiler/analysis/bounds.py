@@ -419,8 +419,10 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, chained: dict[str, np.
     (the protocol's payload share), a step and an alpha before it arrives. So T >= the lesser of
     the two (the launch is runtime_floor's). The usual chain bound counts one transfer per pair:
     at small sizes on DGX-2 x 2 an allgather relays to save its NICs and pays two hops, or sends
-    direct and pays the NICs 16 times over. Empty where it does not apply (one node, reductions,
-    over RELAY_MAX_GPUS GPUs, a multicast network switch)."""
+    direct and pays the NICs 16 times over. Whichever it is, every GPU also receives the remote
+    bytes it needs directly or through relays of its node (_fan_in_s), so T is at least that too.
+    Empty where it does not apply (one node, reductions, over RELAY_MAX_GPUS GPUs, a multicast
+    network switch)."""
     from compiler.analysis.links import Costing
     n, per = topo.ngpus, topo.gpus_per_node
     if topo.nodes < 2 or traffic.reduce or n > RELAY_MAX_GPUS or topo.costs is None:
@@ -441,6 +443,7 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, chained: dict[str, np.
     out_bytes = np.bincount(src[rows], weights=traffic.nbytes[rows], minlength=n)
     in_bytes = np.bincount(dests, weights=traffic.nbytes[rows], minlength=n)
     worst, sym = 0.0, node_symmetry(topo)
+    into: dict[int, float] = {}  # GPU -> switched max flow into it from the other nodes
     for group in [(g,) for g in range(n)] + _groups(topo):
         data = (out_bytes[list(group)].sum(), in_bytes[list(group)].sum())
         if max(data) <= 0:
@@ -454,6 +457,15 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, chained: dict[str, np.
         for bytes_, cap in zip(data, _SWITCHED[key]):
             if bytes_ > 0 and cap > 0:
                 worst = max(worst, bytes_ / cap)
+        if len(group) == 1 and data[1] > 0:
+            into[group[0]] = _SWITCHED[key][1]
+    ingress = np.bincount([l.dst for l in topo.links if l.dst < n],
+                          weights=[l.capacity for l in topo.links if l.dst < n], minlength=n)
+    alphas = {}  # GPU -> (least alpha of a transfer into it from another node, of a relay chain into it)
+    for g in into:
+        remote, mates = node != node[g], (node == node[g]) & (np.arange(n) != g)
+        relay = float(one[np.ix_(remote, mates)].min() + one[mates, g].min()) if mates.any() else np.inf
+        alphas[g] = (float(one[remote, g].min()), relay)
     out = {}
     for proto, chains in chained.items():
         inside, across = hop_steps(topo, proto)
@@ -461,9 +473,35 @@ def relayed_or_direct_s(topo: Topology, traffic: Traffic, chained: dict[str, np.
         d = chains.copy()
         np.fill_diagonal(d, np.inf)  # the relay is not the destination
         relayed = np.min(w[:, :, None] + d[None, :, :], axis=1)  # s -> x, then x ~> d: two transfers or more
-        direct_s = worst / Costing.of(topo, proto).efficiency + across + float(one[cross].min())
-        out[proto] = float(min(relayed[cross].min(), direct_s))
+        efficiency = Costing.of(topo, proto).efficiency
+        direct_s = worst / efficiency + across + float(one[cross].min())
+        fan_in = max((_fan_in_s(in_bytes[g], into[g], ingress[g], *alphas[g], efficiency, inside, across)
+                      for g in into), default=0.0)
+        out[proto] = float(max(min(relayed[cross].min(), direct_s), fan_in))
     return out
+
+
+def _fan_in_s(nbytes: float, direct_cap: float, ingress: float, direct_alpha: float, relay_alpha: float,
+              efficiency: float, inside: float, across: float) -> float:
+    """The least time (launch aside) in which a GPU g receives the `nbytes` it needs from chunks
+    whose only holder is on another node. Each byte enters g either directly from the other nodes
+    through switches alone (at most direct_cap bytes/s, the switched max flow into g; the last such
+    transfer pays an alpha, at least direct_alpha, and a step across), or through a relay h on g's
+    node, which holds none of it before one transfer across has arrived (an alpha and a step after
+    time 0); g's links in (ingress bytes/s in all) carry those bytes after that, and the last pays
+    an alpha and a step inside (relay_alpha: the two alphas). Any split of the bytes between the
+    two ways leaves the later one no sooner than this. DGX-2 x 2 allgather 256 KB in LL: 16 chunks
+    of 8 KB, through one 12.5 GB/s NIC link, or the NVSwitch ports from 5.3 us on."""
+    rate, ingress = direct_cap * efficiency, ingress * efficiency
+    direct_at, relay_at = direct_alpha + across, relay_alpha + across + inside
+    all_direct = direct_at + nbytes / rate if rate > 0 else np.inf
+    all_relayed = relay_at + nbytes / ingress if ingress > 0 else np.inf
+    best = min(all_direct, all_relayed)
+    if rate > 0 and ingress > 0 and np.isfinite(relay_at):  # the split where both ways end together
+        u = (relay_at - direct_at + nbytes / ingress) / (1 / rate + 1 / ingress)
+        if 0 < u < nbytes:
+            best = min(best, direct_at + u / rate)
+    return float(best) if np.isfinite(best) else 0.0
 
 
 def _switched_flow(topo: Topology, sources, sinks) -> float:
