@@ -4,7 +4,9 @@ With `instances` k, a transfer is k sub-chunk moves; lane-aware placement (chann
 puts runs of them on one channel when its link needs fewer than k lanes, so they are consecutive
 sends of one thread block to one peer and consecutive receives of one thread block there, on
 consecutive buffer offsets. Each such step pays the runtime's step latency; one step with cnt = r
-pays it once for the same bytes. `merge_runs` merges a run of plain sends (`s`) and the matching
+pays it once per primitive call the host splits it into: once where the r sub-chunks fit one
+kernel iteration's payload, r times where each fills one (msccl-xml.md section 5, Costing.calls),
+so merging saves latency at small sizes and costs nothing at large ones. `merge_runs` merges a run of plain sends (`s`) and the matching
 run of plain receives (`r`) when, on both sides, the steps are adjacent in their thread block
 (nops between them aside), their offsets (local and remote) follow each other, and every
 dependency of the later members (and of their nops) is on a step emitted before the run's first
