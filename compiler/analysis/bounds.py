@@ -491,7 +491,7 @@ def _fan_in_s(nbytes: float, direct_cap: float, ingress: float, direct_alpha: fl
     time 0); g's links in (ingress bytes/s in all) carry those bytes after that, and the last pays
     an alpha and a step inside (relay_alpha: the two alphas). Any split of the bytes between the
     two ways leaves the later one no sooner than this. DGX-2 x 2 allgather 256 KB in LL: 16 chunks
-    of 8 KB, through one 12.5 GB/s NIC link, or the NVSwitch ports from 5.3 us on."""
+    of 8 KB, through one 12.5 GB/s NIC link from 5.3 us on, or the NVSwitch port from 6.6 us on."""
     rate, ingress = direct_cap * efficiency, ingress * efficiency
     direct_at, relay_at = direct_alpha + across, relay_alpha + across + inside
     all_direct = direct_at + nbytes / rate if rate > 0 else np.inf

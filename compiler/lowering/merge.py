@@ -6,11 +6,11 @@ sends of one thread block to one peer and consecutive receives of one thread blo
 consecutive buffer offsets. Each such step pays the runtime's step latency; one step with cnt = r
 pays it once per primitive call the host splits it into: once where the r sub-chunks fit one
 kernel iteration's payload, r times where each fills one (msccl-xml.md section 5, Costing.calls),
-so merging saves latency at small sizes and costs nothing at large ones. `merge_runs` merges a run of plain sends (`s`) and the matching
-run of plain receives (`r`) when, on both sides, the steps are adjacent in their thread block
-(nops between them aside), their offsets (local and remote) follow each other, and every
-dependency of the later members (and of their nops) is on a step emitted before the run's first
-member; those dependencies move onto the merged step (nops before it), and steps that waited on
+so merging saves latency at small sizes and costs nothing at large ones. `merge_runs` merges a
+run of plain sends (`s`) and the matching run of plain receives (`r`) when, on both sides, the
+steps are adjacent in their thread block (nops between them aside), their offsets (local and
+remote) follow each other, and every dependency of the later members (and of their nops) is on a
+step emitted before the run's first member; those dependencies move onto the merged step (nops before it), and steps that waited on
 a member wait on the merged step.
 
 Why the order stays safe: steps are emitted in key order (DraftStep.seq), so the merged send sits

@@ -10,8 +10,8 @@ and for rcs/rrs/rrcs the incoming message) and a thread-block lane is free on ev
 path (a link carries as many thread blocks at once as fit its bandwidth, Costing.lanes), holds
 that lane for bytes / (the lane's share of the payload bandwidth), then costs the thread block the
 protocol's step latency once per primitive call the host splits the step into (one per chunk
-where a chunk fills an iteration: Costing.calls), and its data arrives alpha after that. A receive completes when its
-message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
+where a chunk fills an iteration: Costing.calls), and its data arrives alpha after that. A
+receive completes when its message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
 order, so lanes are granted first come, first served in time order. A program of many iterations
 is timed over its first MAX_ITERATIONS (fewer for a program of millions of steps) and extrapolated at the steady rate of the last ones, and
 never faster than its busiest link or thread block gets through the iterations left (the first ones run ahead while a
@@ -135,10 +135,10 @@ def _monotone(xs: list[float]) -> list[float]:
 
 
 def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
-         trace: dict | None, by_tb: dict | None = None, busiest: list | None = None,
-         calls: list[int] | None = None) -> list[float]:
+         trace: dict | None, by_tb: dict | None, busiest: list | None, calls: list[int]) -> list[float]:
     """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
-    for each j. calls[cnt]: the step synchronisations a step of cnt chunks pays (Costing.calls). Event-driven: a thread block waits in a heap until its next step may start, or in
+    for each j; calls[cnt]: the step latencies a step of cnt chunks pays (Costing.calls).
+    Event-driven: a thread block waits in a heap until its next step may start, or in
     `blocked_on` until what it needs (a dependency or a message) exists. Long on purpose: the
     event loop is the timer's hot path (auto and realise time dozens of programs per command), so
     each step is flattened first (_Flat: integer keys for connections and dependency targets) and
@@ -221,7 +221,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             for l in links:
                 heapreplace(lanes[l], start + hold)
                 held[l] += hold
-            if calls is not None and cnt > 1:
+            if cnt > 1:
                 latency *= calls[cnt]
             end = start + hold + latency
             working[i] += hold + latency
