@@ -94,10 +94,11 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
 
 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
-TREE_PARTS = (25, 20, 16)  # and for trees alone, the first of them whose chunks are whole elements (planned in
-# well under a second, trees pipelines many small chunks; finer chunks need more steps per thread block than RCCL's
-# 64 at the 8 instances that fill MI250's 4-link pairs). 25 where 1 GB is 10^9 bytes (MI250 allgather: trees/25ch
-# with 8 instances 0.964 of the bound, trees/20ch fits only 4: 0.921), 16 where it is 2^30
+TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
+# those of them whose chunks split into whole elements over the most instances up to TREE_INSTANCES (tree_parts)
+TREE_INSTANCES = 8  # the instances that fill MI250's 4-link pairs; finer chunks than 25 per rank need more steps per
+# thread block there than RCCL's 64. At 1 GB = 10^9 bytes only 25 chunks take 8 (trees/25ch 0.964 of the bound,
+# trees/20ch with 4 0.921, and judging both took the command past 30 s); at 64 MB 20 and 25 do (trees/20ch 0.923)
 FIRST_SHARE = 0.6  # of the time limit for the optimiser on whole chunks
 GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
@@ -109,6 +110,20 @@ JUDGED = 3  # candidates (the best planned) whose programs are realised and time
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
+
+
+def tree_parts(demand: Demand, element_bytes: int) -> tuple[int, ...]:
+    """The TREE_PARTS whose chunks split into whole elements over the most instances up to
+    TREE_INSTANCES (the instance counts realise may use: compiler.realise.divides)."""
+    def most(parts: int) -> int:
+        nbytes = demand.chunk_bytes / parts
+        if nbytes % element_bytes:
+            return 0
+        elements = int(nbytes // element_bytes)
+        return max(k for k in range(1, TREE_INSTANCES + 1) if elements % k == 0)
+    counts = {p: most(p) for p in TREE_PARTS}
+    top = max(counts.values())
+    return tuple(p for p in TREE_PARTS if top and counts[p] == top)
 
 
 def iteration_parts(topo: Topology, demand: Demand, element_bytes: int) -> int:
@@ -191,6 +206,9 @@ class Search:
         if d.chunk_bytes % options.element_bytes:
             say(f"{parts}x finer chunks ({d.chunk_bytes:g} B is not whole {options.element_bytes}-byte elements)")
             return parts in TREE_PARTS[:-1]  # the next of them may divide where this one does not
+        if parts in TREE_PARTS and parts not in tree_parts(demand, options.element_bytes):
+            say(f"{parts}x finer chunks (other chunkings for trees split into whole elements over more instances)")
+            return parts in TREE_PARTS[:-1]
         methods, left_out = candidates(self.topo, d, options)
         if parts > REFINEMENTS[-1]:
             methods, left_out = [m for m in methods if m == "trees"], []
@@ -205,7 +223,7 @@ class Search:
         methods = [m for m in methods if (parts, m) not in self.planned]
         for method in methods:  # a failing milp may append rounds to `methods`
             self.candidate(d, refine, inverse, method, methods, n)
-        return parts not in TREE_PARTS  # trees at the finest of them that divides, not at the coarser ones too
+        return True
 
     def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int) -> None:
         """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
