@@ -114,14 +114,10 @@ ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so 
 
 def tree_parts(demand: Demand, element_bytes: int) -> tuple[int, ...]:
     """The TREE_PARTS whose chunks split into whole elements over the most instances up to
-    TREE_INSTANCES (the instance counts realise may use: compiler.realise.divides)."""
-    def most(parts: int) -> int:
-        nbytes = demand.chunk_bytes / parts
-        if nbytes % element_bytes:
-            return 0
-        elements = int(nbytes // element_bytes)
-        return max(k for k in range(1, TREE_INSTANCES + 1) if elements % k == 0)
-    counts = {p: most(p) for p in TREE_PARTS}
+    TREE_INSTANCES (the counts realise may use: `divides`, for `parts` sub-chunks x k instances)."""
+    from compiler.realise import divides
+    counts = {p: max((k for k in range(1, TREE_INSTANCES + 1) if divides(demand, p * k, element_bytes)), default=0)
+              for p in TREE_PARTS}
     top = max(counts.values())
     return tuple(p for p in TREE_PARTS if top and counts[p] == top)
 
