@@ -297,7 +297,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if mine is not None and mine < plain_s and variant is not paid:
             paid = {**paid, **variant}
     if large and k == 1 and enough is None:
-        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried)
+        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried,
+                                   apart_first=paid.get("pair_peers") is False)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
@@ -305,24 +306,24 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
 
 def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topology: Topology, base: LowerOptions,
              stop_at: float, lowering_s: float, enough_s: float | None,
-             tried: list[tuple[str, int, float]]) -> tuple[Program, ProgramTiming]:
+             tried: list[tuple[str, int, float]], apart_first: bool = True) -> tuple[Program, ProgramTiming]:
     """A large program at one instance (more would split elements, not fit, or lose): its whole
-    chunks spread over 2, 4, ... MAX_GROUPS channel groups (LowerOptions.groups), every send and
-    receive peer on a block of its own where the blocks fit (else paired), while a step pays. A
-    connection then moves its chunks on a block per group side by side: at one instance a block
-    per peer cannot fill an NVSwitch port under the per-block cap (DGX A100 x 16 allgather 1 GB:
-    7 fan-out peers x 24 GB/s of 300). Appends what it lowered to `tried`."""
+    chunks spread over 2, 4, ... MAX_GROUPS channel groups (LowerOptions.groups), with every send
+    and receive peer on a block of its own and paired, the faster kept (apart_first: which is
+    lowered first, where time allows only one; apart where the blocks fit, else paired), while a
+    step pays. A connection then moves its chunks on a block per group side by side: at one
+    instance a block per peer cannot fill an NVSwitch port under the per-block cap (DGX A100 x 16
+    allgather 1 GB: 7 fan-out peers x 24 GB/s of 300). Appends what it lowered to `tried`."""
     p = program.proto
     groups = 2
     while groups <= MAX_GROUPS:
         if (enough_s is not None and timing.finish_time_s <= enough_s) or time.perf_counter() + lowering_s >= stop_at:
             break
         own = {p: (program, timing)}
-        for pair in (False, True):
-            got = _keep_faster(own, schedule, topology, replace(base, instances=1, groups=groups, pair_peers=pair),
-                               stop_at)
-            if got or time.perf_counter() + lowering_s >= stop_at:
-                break  # the blocks fit (paired only where they do not)
+        for pair in ((False, True) if apart_first else (True, False)):
+            if time.perf_counter() + lowering_s >= stop_at:
+                break
+            _keep_faster(own, schedule, topology, replace(base, instances=1, groups=groups, pair_peers=pair), stop_at)
         before = timing.finish_time_s
         if own[p][1].finish_time_s < before:
             program, timing = own[p]

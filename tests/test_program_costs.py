@@ -266,3 +266,22 @@ def test_probes_run_cheapest_first_so_a_short_window_still_ranks_the_coarse_plan
     seen.clear()
     search.probed(clock.perf_counter() - 1)
     assert seen == [min(len(c.schedule.transfers) for c in cands)]
+
+
+def test_a_send_waiting_for_one_link_leaves_its_other_links_to_sends_that_can_go(topo):
+    """switch:3 (one thread-block lane per GPU port): rank 0 sends A to rank 2, then rank 1 sends
+    B to rank 2 (whose port A holds) and, on another block, C to rank 0. B waits for rank 2's port
+    and must not hold rank 1's port while it waits: C goes at once, and B when A is through. A
+    timer that reserved B's lanes ahead (rank 1's port from when A ends) kept C waiting behind B."""
+    from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
+    t = topo("switch:3")
+    send, recv = Step("s", "i", 0, "o", 0), Step("r", "i", 0, "o", 0)
+    gpus = (GpuProgram(0, 1, 3, 0, (ThreadBlock(0, send=2, steps=(send,)), ThreadBlock(1, recv=1, steps=(recv,)))),
+            GpuProgram(1, 1, 3, 0, (ThreadBlock(0, send=2, steps=(send,)), ThreadBlock(1, send=0, steps=(send,)))),
+            GpuProgram(2, 1, 3, 0, (ThreadBlock(0, recv=0, steps=(recv,)), ThreadBlock(1, recv=1, steps=(recv,)))))
+    program = Program("lanes", "allgather", 3, 1, 1, gpus, proto="Simple")
+    trace = {}
+    time_program(program, t, MiB, trace=trace)
+    a, b, c = trace[(0, 0, 0)], trace[(1, 0, 0)], trace[(1, 1, 0)]  # (start, ready, hold end, done)
+    assert a[0] == b[1] == c[0] == 0.0
+    assert b[0] == pytest.approx(a[2]) and c[2] == pytest.approx(a[2])

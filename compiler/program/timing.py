@@ -12,7 +12,10 @@ that lane for bytes / (the lane's share of the payload bandwidth), then costs th
 protocol's step latency once per primitive call the host splits the step into (one per chunk
 where a chunk fills an iteration: Costing.calls), and its data arrives alpha after that. A
 receive completes when its message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
-order, so lanes are granted first come, first served in time order. A program of many iterations
+order, so lanes are granted first come, first served in time order: a send that finds no lane
+free on some link of its path waits without holding the others' (no lane is reserved ahead, so a
+link idles only while no ready send can use it, as a switch port shared by its flows would), and
+sends that wait take freed lanes in the order they became ready. A program of many iterations
 is timed over its first MAX_ITERATIONS (fewer for a program of millions of steps) and extrapolated at the steady rate of the last ones, and
 never faster than its busiest link or thread block gets through the iterations left (the first ones run ahead while a
 congested link still holds the first iteration's data). The
@@ -165,7 +168,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
 
     remaining = sum(nsteps) * iterations
-    heap = [(0.0, i) for i in range(ntbs) if nsteps[i]]
+    heap = [(0.0, 0.0, i) for i in range(ntbs) if nsteps[i]]
     heapq.heapify(heap)
     while remaining:
         if not heap:
@@ -175,7 +178,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             rank, tb = tbs[stuck]
             raise CompileError(f"simulate: rank {rank} tb {tb.id} step {s_of[stuck]} can never run "
                                "(its message or dependency never comes; run msccl-compile verify)")
-        when, i = heappop(heap)
+        when, since, i = heappop(heap)
         it, s = it_of[i], s_of[i]
         kind = kinds[i][s]
         t = clock[i]
@@ -200,11 +203,8 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             if q[h] > t:
                 t = q[h]
         if t > when:  # not ready yet: come back then, so lanes go first come, first served
-            heappush(heap, (t, i))
+            heappush(heap, (t, t, i))
             continue
-        if kind & RECV:
-            heads[recv_conn[i]] += 1
-        end = t
         if kind & SEND:
             route = route_of[i]
             if route is None:
@@ -216,6 +216,13 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
                 free = lanes[l][0]
                 if free > start:
                     start = free
+            if start > when:  # no lane free on some link: try again when one is, behind those waiting longer
+                heappush(heap, (start, since, i))
+                continue
+        if kind & RECV:
+            heads[recv_conn[i]] += 1
+        end = t
+        if kind & SEND:
             cnt = cnts[i][s]
             hold = cnt * piece / rate
             for l in links:
@@ -245,20 +252,20 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
         remaining -= 1
         if s + 1 < nsteps[i]:
             s_of[i] = s + 1
-            heappush(heap, (end, i))
+            heappush(heap, (end, end, i))
         elif it + 1 < iterations:
             it_of[i], s_of[i] = it + 1, 0
-            heappush(heap, (end, i))
+            heappush(heap, (end, end, i))
         else:
             s_of[i] = s + 1
         # the tbs this step unblocks: those waiting for it, or for the message it sent
         if blocked_on:
             if mark >= 0:
                 for j in blocked_on.pop(mark * iterations + it, ()):
-                    heappush(heap, (clock[j], j))
+                    heappush(heap, (clock[j], clock[j], j))
             if kind & SEND:
                 for j in blocked_on.pop(-1 - send_conn[i], ()):
-                    heappush(heap, (clock[j], j))
+                    heappush(heap, (clock[j], clock[j], j))
     if busiest is not None:  # per iteration: the seconds of the busiest link (at all its lanes) or thread block
         link = max((h / len(lanes[l]) for l, h in enumerate(held)), default=0.0)
         busiest.append(max(link, max(working, default=0.0)) / iterations)
