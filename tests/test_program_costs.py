@@ -285,3 +285,19 @@ def test_a_send_waiting_for_one_link_leaves_its_other_links_to_sends_that_can_go
     a, b, c = trace[(0, 0, 0)], trace[(1, 0, 0)], trace[(1, 1, 0)]  # (start, ready, hold end, done)
     assert a[0] == b[1] == c[0] == 0.0
     assert b[0] == pytest.approx(a[2]) and c[2] == pytest.approx(a[2])
+
+
+def test_a_judging_is_estimated_from_its_candidate_s_probe_where_there_is_one(topo):
+    """A probe lowers and times a candidate's program once, so it grows with the schedule as its
+    judging does: after a candidate whose judging took 10 times its probe, a probed candidate is
+    expected to take 10 times its own probe, however many transfers it has; one never probed
+    (the optimisers' candidates) takes the most seconds per transfer any judging took."""
+    from compiler.planners.auto import Candidate, Search
+    t = topo("dgx-a100")
+    small, large = (plan(t, make_demand("allgather", 8, MiB, n), PlanOptions(method="direct")) for n in (1, 4))
+    assert len(large.transfers) == 4 * len(small.transfers)
+    one, four, other = (Candidate(1e-3, n, "direct", s, 0.5) for n, s in ((1, small), (4, large), (4, large)))
+    search = Search(t, PlanOptions(), 0.0, (1, 4), probe_s={id(one): 0.2, id(four): 0.3})
+    search.judged(one, 2.0)
+    assert search.judging_s(four) == pytest.approx(3.0)
+    assert search.judging_s(other) == pytest.approx(2.0 / len(small.transfers) * len(large.transfers))

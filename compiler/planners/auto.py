@@ -175,6 +175,27 @@ class Search:
     planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) tried so far
     enough: str | None = None  # the judged program that ended the search, where one did
     judge_rate: float = 0.0  # the most seconds per transfer one candidate's judging took
+    probe_s: dict[int, float] = field(default_factory=dict)  # seconds each probed candidate's probe took, by id
+    per_probe: float = 0.0  # what the latest probed candidate's judging took, in multiples of its probe
+
+    def judging_s(self, c: Candidate) -> float:
+        """About how long judging `c` takes: its probe's seconds times what the latest judged
+        candidate's judging took per second of its probe, where both are known (a probe lowers and
+        times the program once, so it grows with the schedule as the judging does: DGX-2 x 2
+        allgather 16 MB, hier at 1, 2, 4 and 8 chunks, judged in 3.4, 3.9, 7.9 and 23 s, where
+        seconds per transfer from the first said 6.8, 14 and 27; the latest, not the most: one
+        instance's search is the widest, and realise keeps its own deadline); else seconds per
+        transfer, the most any judging took."""
+        probe = self.probe_s.get(id(c))
+        if probe is not None and self.per_probe:
+            return self.per_probe * probe
+        return self.judge_rate * len(c.schedule.transfers)
+
+    def judged(self, c: Candidate, took: float) -> None:
+        self.judge_rate = max(self.judge_rate, took / max(1, len(c.schedule.transfers)))
+        probe = self.probe_s.pop(id(c), None)  # judged once: its id may be another candidate's later
+        if probe:
+            self.per_probe = took / probe
 
     def good_enough(self) -> bool:
         """Whether a plan reaches GOOD_ENOUGH of the bound, where plans are what is judged: with a
@@ -254,11 +275,14 @@ class Search:
         self.planned.add((parts, method))
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
 
-    def constructive(self, demand: Demand, meanwhile: Callable[[], None] = lambda: None) -> None:
-        """Call `meanwhile` (which may start the optimisers beside: a second process takes a second
-        or two to start), plan the constructive methods at every chunking (each in about a second or
-        less) and judge the best of them first, in a third of the planning time left (all of it
-        where no optimiser is a candidate, as at scale):
+    def constructive(self, demand: Demand, meanwhile: Callable[[], bool] = lambda: False) -> None:
+        """Call `meanwhile` (which may start the optimisers beside, and says whether it did: a second
+        process takes a second or two to start), plan the constructive methods at every chunking
+        (each in about a second or less) and judge the best of them first, in a third of the
+        planning time left (all of it where no optimiser is a candidate, as at scale, or where they
+        plan beside: this process would only wait for them; DGX-2 x 2 allgather 16 MB judged hier
+        at 1 chunk in its third, waited 27 s, and had time left for one of 2 and 4 chunks, 1.2 x
+        faster):
         if a program reaches good_enough, no optimiser can gain what is left and the search ends;
         if not, they are judged already (at scale, where lowering and timing take tens of seconds,
         the optimisers' time would otherwise leave them too little; at small sizes plans rank
@@ -271,12 +295,13 @@ class Search:
                 self.enough = (f"the other candidates (the program of direct at {best.parts}x already reaches "
                                f"{best.program_ratio:.3f} of the bound; --good-enough {self.options.good_enough:g})")
                 return
-        meanwhile()  # before the constructive chunkings: the second process starts up while they are planned
+        beside = meanwhile()  # before the constructive chunkings: the second process starts up while they are planned
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
         now = time.perf_counter()
-        until = now + (self.deadline - now) / 3 if self.optimisers(demand) else self.deadline  # none to leave time to
+        alone = self.optimisers(demand) and not beside  # the optimisers plan here, after the judging
+        until = now + (self.deadline - now) / 3 if alone else self.deadline
         order = self.probed(until) if self.options.probe is not None else None
         judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
         best = self.results[0] if self.results else None  # judged ones rank first
@@ -321,8 +346,10 @@ class Search:
         for c in sorted(close, key=lambda c: len(c.schedule.transfers)):  # cheapest first: more fit before `until`
             if out and time.perf_counter() > until:
                 break
+            began = time.perf_counter()
             try:
                 out[id(c)] = self.options.probe(c.schedule)
+                self.probe_s[id(c)] = time.perf_counter() - began
             except CompileError as e:
                 self.results.remove(c)
                 self.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
@@ -394,8 +421,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     until JUDGED more have programs: none more once the deadline has passed or one reaches
     good_enough of the program floor (unless none has a program yet), and none whose ideal program
     cannot beat a judged program by what finer instances gain, or would not be judged by the
-    deadline at the rate (seconds per transfer) of the slowest judging so far (at 128 GPUs one
-    takes half a minute). A candidate whose program does not fit the runtimes is dropped (with
+    deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
+    half a minute). A candidate whose program does not fit the runtimes is dropped (with
     why); the programs rank first, in their time."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
@@ -410,7 +437,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
                 or (done and (late or enough() or beaten(c))):
             kept.append(c)
             continue
-        need = search.judge_rate * len(c.schedule.transfers)
+        need, asked = search.judging_s(c), c
         if done and deadline is not None and now + need > deadline:
             search.skipped.append(f"judging {c.method} at {c.parts}x (about {need:.0f} s; the time limit is near)")
             kept.append(c)
@@ -421,8 +448,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             search.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
             continue
         finally:
-            took = time.perf_counter() - now
-            search.judge_rate = max(search.judge_rate, took / max(1, len(c.schedule.transfers)))
+            search.judged(asked, time.perf_counter() - now)
         fresh += 1
         done.append(c)
         kept.append(c)
@@ -446,7 +472,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     helper: list[Background] = []
     try:
         if options.judge is not None:
-            search.constructive(demand, lambda: helper.extend(filter(None, [search.beside(demand)])))
+            search.constructive(demand, lambda: bool(helper.extend(filter(None, [search.beside(demand)]))) or bool(helper))
         if helper and not search.enough:
             search.add(helper[0])
     finally:
