@@ -14,10 +14,8 @@ where a chunk fills an iteration: Costing.calls), and its data arrives alpha aft
 receive completes when its message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
 order, so lanes are granted first come, first served in time order: a send that finds no lane
 free on some link of its path waits without holding the others' (no lane is reserved ahead, so a
-link idles only while no ready send can use it, as a switch port shared by its flows would), until
-it has waited as long as it will hold them: then it reserves a lane on each from when all are free
-(a send through several links is not starved by those through one); sends that wait take freed
-lanes in the order they became ready. A program of many iterations
+link idles only while no ready send can use it, as a switch port shared by its flows would), and
+sends that wait take freed lanes in the order they became ready. A program of many iterations
 is timed over its first MAX_ITERATIONS (fewer for a program of millions of steps) and extrapolated at the steady rate of the last ones, and
 never faster than its busiest link or thread block gets through the iterations left (the first ones run ahead while a
 congested link still holds the first iteration's data). The
@@ -218,12 +216,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
                 free = lanes[l][0]
                 if free > start:
                     start = free
-            # no lane free on some link: try again when one is, behind those waiting longer, holding no other
-            # link's lane meanwhile; but a send through several links that has waited as long as it will hold
-            # them reserves them from when all are free (else sends through one of them starve it: a flow
-            # sharing the ports' bandwidth would have moved by then; DGX H100 x 32 allgather 1 GB at 2 instances,
-            # one more run in flight: 2.758 ms reserving always, 2.829 never, 2.735 so)
-            if start > when and (len(links) == 1 or when - since < cnts[i][s] * piece / rate):
+            if start > when:  # no lane free on some link: try again when one is, behind those waiting longer
                 heappush(heap, (start, since, i))
                 continue
         if kind & RECV:
