@@ -309,9 +309,9 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
              tried: list[tuple[str, int, float]], apart_first: bool = True) -> tuple[Program, ProgramTiming]:
     """A large program at one instance (more would split elements, not fit, or lose): its whole
     chunks spread over 2, 4, ... MAX_GROUPS channel groups (LowerOptions.groups), with every send
-    and receive peer on a block of its own and paired, the faster kept (apart_first: which is
-    lowered first, where time allows only one; apart where the blocks fit, else paired), while a
-    step pays. A connection then moves its chunks on a block per group side by side: at one
+    and receive peer on a block of its own and paired, the faster kept (apart_first: which of the
+    two is lowered first, where time allows only one; apart blocks that do not fit are left out),
+    while a step pays. A connection then moves its chunks on a block per group side by side: at one
     instance a block per peer cannot fill an NVSwitch port under the per-block cap (DGX A100 x 16
     allgather 1 GB: 7 fan-out peers x 24 GB/s of 300). Appends what it lowered to `tried`."""
     p = program.proto

@@ -470,9 +470,13 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
     helper: list[Background] = []
+
+    def start_beside() -> bool:
+        helper.extend(filter(None, [search.beside(demand)]))
+        return bool(helper)
     try:
         if options.judge is not None:
-            search.constructive(demand, lambda: bool(helper.extend(filter(None, [search.beside(demand)]))) or bool(helper))
+            search.constructive(demand, start_beside)
         if helper and not search.enough:
             search.add(helper[0])
     finally:
