@@ -30,12 +30,15 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1) at its best count
+transfers or more numbers its thread blocks in ring order from their rank (LowerOptions.ring_ids)
+and is lowered at each count first with LEAD, every peer on a block of its own and one more run
+in flight (where its blocks fit; what paid at 128 to 512 GPUs, where a single lowering can take
+the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1) at its best count
 only, in that order, after the search, and at one instance its whole chunks over more channel
-groups (`_grouped`: where more instances would split elements or not fit, a connection still gets
-several thread blocks); its counts after the first are lowered for the first's fastest protocol
-only, and its search runs to the deadline, not SEARCH_SECONDS (one lowering and timing of 256
-GPUs takes 10 s or more). A limit that stops the search is noted, never an error unless no
+groups (`_grouped`, with LEAD's run ahead: where more instances would split elements or not fit, a
+connection still gets several thread blocks); its counts after the first are lowered for the
+first's fastest protocol only, and its search runs to the deadline, not SEARCH_SECONDS (one
+lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the search is noted, never an error unless no
 program at all fits. One lowering serves every protocol with the same connection slots (LL and
 LL128); the chosen program is verified by the caller.
 """
@@ -66,6 +69,7 @@ SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried (but
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
+LEAD = {"pair_peers": False, "pace_ahead": 1}  # a large program's first placement at each count (realise)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -173,7 +177,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
         protos = tuple(sorted(protos, key=ideal.__getitem__))
     gated = not large and through_slow_paths(schedule, topology)
-    base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
+    base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor), ring_ids=options.ring_ids or large)
+    lead = LEAD if large and options.pace else {}
     fixed = options.instances != 0
     if not divides(schedule.demand, 1, element_bytes):  # not whole elements of that size at all: count bytes
         element_bytes = 1
@@ -196,8 +201,17 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         at_k = replace(base, instances=k)
         try:
             try:
-                timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
-                                  enough_s, first)
+                timed = None
+                if lead:  # every peer on a block of its own and one more run in flight, if the blocks fit
+                    try:
+                        timed = _time_all(schedule, topology, replace(at_k, **lead), protos, stop_at,
+                                          ideal, enough_s, first)
+                        at_k = replace(at_k, **lead)
+                    except CompileError:
+                        first.clear()
+                if timed is None:
+                    timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
+                                      enough_s, first)
             except TooManySteps:
                 # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
                 # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
@@ -297,8 +311,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if mine is not None and mine < plain_s and variant is not paid:
             paid = {**paid, **variant}
     if large and k == 1 and enough is None:
-        program, timing = _grouped(program, timing, schedule, topology, base, stop_at, took[1], enough_s, tried,
-                                   apart_first=paid.get("pair_peers") is False)
+        program, timing = _grouped(program, timing, schedule, topology, replace(base, **lead), stop_at, took[1],
+                                   enough_s, tried, apart_first=bool(lead) or paid.get("pair_peers") is False)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
@@ -313,7 +327,8 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
     two is lowered first, where time allows only one; apart blocks that do not fit are left out),
     while a step pays. A connection then moves its chunks on a block per group side by side: at one
     instance a block per peer cannot fill an NVSwitch port under the per-block cap (DGX A100 x 16
-    allgather 1 GB: 7 fan-out peers x 24 GB/s of 300). Appends what it lowered to `tried`."""
+    allgather 1 GB: 7 fan-out peers x 24 GB/s of 300). `base` carries the other placement options
+    (realise passes LEAD's run ahead). Appends what it lowered to `tried`."""
     p = program.proto
     groups = 2
     while groups <= MAX_GROUPS:

@@ -248,13 +248,14 @@ def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo
 
 
 def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monkeypatch):
-    """A large program's placements are tried at its best count only, where each lowering of 256
-    GPUs takes seconds: one more run in flight (what pays at scale) before every instance on its own
-    channel, which is no longer tried at every count and comes last alone; then those that paid
-    alone, together. DGX H100 x 2 hier allgather 256 MB at 4 instances, with the large-program
-    path: one more run in flight and own channels each pay (a 4 MB piece fills a kernel iteration,
-    so a merged step saves no latency; every peer on a block of its own pays a little too), and
-    realise keeps those that paid together, faster than either."""
+    """A large program's first lowering at a count has every peer on a block of its own and one
+    more run in flight (LEAD, what pays at scale), its blocks numbered in ring order from their
+    rank; its other placements are tried at its best count only, where each lowering of 256 GPUs
+    takes seconds: one more run in flight alone, peers apart alone, every instance on its own
+    channel, then those that paid, together. DGX H100 x 2 hier allgather 256 MB at 4 instances,
+    with the large-program path: ring order alone pays, one more run in flight and own channels
+    each pay (a 4 MB piece fills a kernel iteration, so a merged step saves no latency), and
+    realise keeps those that paid together, faster than any alone."""
     import compiler.realise as R
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
@@ -262,16 +263,44 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
     def timed(**o):
         return time_program(lower(s, t, LowerOptions(proto="Simple", instances=4, **o)), t,
                             s.demand.size_bytes).finish_time_s
-    plain, ahead, own, apart = timed(), timed(pace_ahead=1), timed(fit_lanes=False), timed(pair_peers=False)
-    assert ahead < plain and own < plain
+    plain, ring = timed(), timed(ring_ids=True)
+    ahead, own = timed(pace_ahead=1, ring_ids=True), timed(fit_lanes=False, ring_ids=True)
+    assert ring < plain and ahead < ring and own < ring
     monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
     lowered = []
     real = R.lower
     monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
     r = R.realise(s, t, LowerOptions(proto="Simple", instances=4), "all")
     assert r.timing.finish_time_s < min(ahead, own) * 0.9999
+    assert all(o.ring_ids for o in lowered) and verify(r.program, "all", s.demand.split(4), t.sms).ok
     kinds = [(o.pace_ahead, o.fit_lanes, o.pair_peers) for o in lowered]
-    together = (1, False, apart >= plain)  # those that paid alone (peers apart too, where that paid)
+    assert kinds[0] == (1, True, False)  # LEAD
     assert kinds.index((1, True, True)) < kinds.index((0, True, False)) < kinds.index((0, False, True)) \
-        < kinds.index(together) == len(kinds) - 1
+        < len(kinds) - 1 and kinds[-1][:2] == (1, False)
     assert any("1 more run of sends in flight" in n for n in r.program.notes)
+
+
+def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
+    """Thread blocks numbered by peer in ring order from their rank: on a plan symmetric under a
+    shift by whole nodes, the ranks a shift maps onto each other have the same blocks, read as
+    peer offsets, so blocks ready at once (taken in id
+    order) pair up alike on every rank's NIC and meet at the receivers as the plan has them. DGX
+    H100 x 4 hier allgather 256 MB with every peer on a block of its own and one more run in
+    flight: by peer id each rank's network sends paired up differently; in ring order the program
+    is faster, and it is the same program otherwise (it verifies, same steps per block)."""
+    t = topo("dgx-h100", 4)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
+    lead = dict(proto="Simple", pair_peers=False, pace_ahead=1)
+    by_id, by_id_s = _checked(s, t, LowerOptions(**lead))
+    ring, ring_s = _checked(s, t, LowerOptions(**lead, ring_ids=True))
+    n = t.ngpus
+
+    def layout(p, r):
+        return [((tb.send - r) % n if tb.send >= 0 else -1, (tb.recv - r) % n if tb.recv >= 0 else -1, tb.chan)
+                for tb in p.gpus[r].tbs]
+    per = t.gpus_per_node
+    assert all(layout(ring, r) == layout(ring, r % per) for r in range(n))
+    assert any(layout(by_id, r) != layout(by_id, r % per) for r in range(n))
+    assert sorted(len(tb.steps) for g in ring.gpus for tb in g.tbs) == \
+        sorted(len(tb.steps) for g in by_id.gpus for tb in g.tbs)
+    assert ring_s < 0.9 * by_id_s

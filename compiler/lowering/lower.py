@@ -114,6 +114,7 @@ class LowerOptions:
     gate_slow: bool = False  # a send through a NIC waits for the rank's receive planned just before it (codegen)
     groups: int = 1  # channel groups whole chunks spread over at least: a connection gets a thread block per group
     # that carries its chunks, so its sends run on several blocks at once where more instances cannot split chunks
+    ring_ids: bool = False  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks)
 
 
 def check_options(o: LowerOptions) -> None:
@@ -301,7 +302,7 @@ def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], in
 def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
-                 pace_ahead: int = 0, gate_slow: bool = False) -> tuple[list[RankCode], bool]:
+                 pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = False) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
@@ -313,7 +314,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     codes = []
     for r in range(demand.ngpus):
         codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity,
-                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow))
+                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids))
         if stop is not None and stop(codes[-1]):
             return codes, False
     fill_remote_fields(codes, moves)
@@ -412,7 +413,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                 return len(code.tbs) > lim.max_tbs and (not options.pair_peers or not (open_alias or pair_slow))
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
-                                        options.pair_peers, stop, options.pace_ahead, options.gate_slow)
+                                        options.pair_peers, stop, options.pace_ahead, options.gate_slow,
+                                        options.ring_ids)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
@@ -438,6 +440,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
     if not options.pace:
         notes.append("lowering: sends are not paced: each takes its link's lanes first come, first served")
+    if options.ring_ids:
+        notes.append("lowering: thread blocks are numbered by peer in ring order from their rank")
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
