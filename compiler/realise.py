@@ -30,8 +30,7 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more numbers its thread blocks in ring order from their rank (LowerOptions.ring_ids)
-and is lowered at each count first with LEAD, every peer on a block of its own and one more run
+transfers or more is lowered at each count first with LEAD, every peer on a block of its own and one more run
 in flight (where its blocks fit; what paid at 128 to 512 GPUs, where a single lowering can take
 the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1) at its best count
 only, in that order, after the search, and at one instance its whole chunks over more channel
@@ -177,7 +176,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
         protos = tuple(sorted(protos, key=ideal.__getitem__))
     gated = not large and through_slow_paths(schedule, topology)
-    base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor), ring_ids=options.ring_ids or large)
+    base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     lead = LEAD if large and options.pace else {}
     fixed = options.instances != 0
     if not divides(schedule.demand, 1, element_bytes):  # not whole elements of that size at all: count bytes

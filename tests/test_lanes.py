@@ -135,10 +135,12 @@ def test_one_more_run_in_flight_on_paced_links_where_that_is_faster(topo):
     together, so its lanes idle through each step latency; one more run in flight (pace_ahead)
     covers it. The timer finds that program faster, it verifies, the note says so, and realise
     keeps a program with runs in flight at least as fast (it widens the window while that pays: 3
-    more runs here; it is a variant it tries, not a rule: on DGX H100 x 4 it is slower)."""
+    more runs here; it is a variant it tries, not a rule: on DGX H100 x 4 it is slower). Blocks
+    numbered by peer id: in ring order (the default) the blocks that start together already pair
+    up so that the lanes idle less, and one more run gains under 1 % here."""
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
-    _placement_wins(s, t, LowerOptions(proto="Simple", instances=4), "of sends in flight", 0.95,
+    _placement_wins(s, t, LowerOptions(proto="Simple", instances=4, ring_ids=False), "of sends in flight", 0.95,
                     pace_ahead=1)
 
 
@@ -249,8 +251,7 @@ def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo
 
 def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monkeypatch):
     """A large program's first lowering at a count has every peer on a block of its own and one
-    more run in flight (LEAD, what pays at scale), its blocks numbered in ring order from their
-    rank; its other placements are tried at its best count only, where each lowering of 256 GPUs
+    more run in flight (LEAD, what pays at scale); its other placements are tried at its best count only, where each lowering of 256 GPUs
     takes seconds: one more run in flight alone, peers apart alone, every instance on its own
     channel, then those that paid, together. DGX H100 x 2 hier allgather 256 MB at 4 instances,
     with the large-program path: ring order alone pays, one more run in flight and own channels
@@ -263,8 +264,8 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
     def timed(**o):
         return time_program(lower(s, t, LowerOptions(proto="Simple", instances=4, **o)), t,
                             s.demand.size_bytes).finish_time_s
-    plain, ring = timed(), timed(ring_ids=True)
-    ahead, own = timed(pace_ahead=1, ring_ids=True), timed(fit_lanes=False, ring_ids=True)
+    plain, ring = timed(ring_ids=False), timed()
+    ahead, own = timed(pace_ahead=1), timed(fit_lanes=False)
     assert ring < plain and ahead < ring and own < ring
     monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
     lowered = []
@@ -281,7 +282,7 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
 
 
 def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
-    """Thread blocks numbered by peer in ring order from their rank: on a plan symmetric under a
+    """Thread blocks numbered (by default) by peer in ring order from their rank: on a plan symmetric under a
     shift by whole nodes, the ranks a shift maps onto each other have the same blocks, read as
     peer offsets, so blocks ready at once (taken in id
     order) pair up alike on every rank's NIC and meet at the receivers as the plan has them. DGX
@@ -291,8 +292,8 @@ def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
     t = topo("dgx-h100", 4)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
     lead = dict(proto="Simple", pair_peers=False, pace_ahead=1)
-    by_id, by_id_s = _checked(s, t, LowerOptions(**lead))
-    ring, ring_s = _checked(s, t, LowerOptions(**lead, ring_ids=True))
+    by_id, by_id_s = _checked(s, t, LowerOptions(**lead, ring_ids=False))
+    ring, ring_s = _checked(s, t, LowerOptions(**lead))
     n = t.ngpus
 
     def layout(p, r):

@@ -114,7 +114,8 @@ class LowerOptions:
     gate_slow: bool = False  # a send through a NIC waits for the rank's receive planned just before it (codegen)
     groups: int = 1  # channel groups whole chunks spread over at least: a connection gets a thread block per group
     # that carries its chunks, so its sends run on several blocks at once where more instances cannot split chunks
-    ring_ids: bool = False  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks)
+    ring_ids: bool = True  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks);
+    # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
 
 def check_options(o: LowerOptions) -> None:
@@ -440,8 +441,6 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
     if not options.pace:
         notes.append("lowering: sends are not paced: each takes its link's lanes first come, first served")
-    if options.ring_ids:
-        notes.append("lowering: thread blocks are numbered by peer in ring order from their rank")
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
