@@ -30,15 +30,15 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more is lowered at each count first with LEAD, every peer on a block of its own and one more run
-in flight (where its blocks fit; what paid at 128 to 512 GPUs, where a single lowering can take
-the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1) at its best count
-only, in that order, after the search, and at one instance its whole chunks over more channel
-groups (`_grouped`, with LEAD's run ahead: where more instances would split elements or not fit, a
-connection still gets several thread blocks); its counts after the first are lowered for the
-first's fastest protocol only, and its search runs to the deadline, not SEARCH_SECONDS (one
-lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the search is noted, never an error unless no
-program at all fits. One lowering serves every protocol with the same connection slots (LL and
+transfers or more is lowered at each count first with LEAD, every peer on a block of its own and
+one more run in flight (where its blocks fit; what paid at 128 to 512 GPUs, where a single
+lowering can take the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1)
+at its best count only, in that order, after the search, and at one instance its whole chunks
+over more channel groups (`_grouped`, with LEAD's run ahead: where more instances would split
+elements or not fit, a connection still gets several thread blocks); its counts after the first
+are lowered for the first's fastest protocol only, and its search runs to the deadline, not
+SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
+search is noted, never an error unless no program at all fits. One lowering serves every protocol with the same connection slots (LL and
 LL128); the chosen program is verified by the caller.
 """
 

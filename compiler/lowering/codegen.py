@@ -113,7 +113,7 @@ class RankCode:
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
-               pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = False) -> RankCode:
+               pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -141,7 +141,8 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     while True:
         ops = rank_ops(rank, moves_out, moves_in, demand)
         by_chunk, weights = link_forwards(ops)
-        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, (rank, demand.ngpus) if ring_ids else None)
+        ring = (rank, demand.ngpus) if ring_ids else None
+        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring)
         gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow)
         for unit in fuse(ops, len(tbs)):
             gen.emit(unit)

@@ -303,7 +303,7 @@ def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], in
 def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
-                 pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = False) -> tuple[list[RankCode], bool]:
+                 pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
