@@ -251,9 +251,9 @@ def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo
 
 def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monkeypatch):
     """A large program's first lowering at a count has every peer on a block of its own and one
-    more run in flight (LEAD, what pays at scale); its other placements are tried at its best count only, where each lowering of 256 GPUs
-    takes seconds: one more run in flight alone, peers apart alone, every instance on its own
-    channel, then those that paid, together. DGX H100 x 2 hier allgather 256 MB at 4 instances,
+    more run in flight (LEAD, what pays at scale); its other placements are tried at its best
+    count only, where each lowering of 256 GPUs takes seconds: one more run in flight alone, peers
+    apart alone, every instance on its own channel, then those that paid, together. DGX H100 x 2 hier allgather 256 MB at 4 instances,
     with the large-program path: ring order alone pays, one more run in flight and own channels
     each pay (a 4 MB piece fills a kernel iteration, so a merged step saves no latency), and
     realise keeps those that paid together, faster than any alone."""
@@ -282,10 +282,10 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
 
 
 def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
-    """Thread blocks numbered (by default) by peer in ring order from their rank: on a plan symmetric under a
-    shift by whole nodes, the ranks a shift maps onto each other have the same blocks, read as
-    peer offsets, so blocks ready at once (taken in id
-    order) pair up alike on every rank's NIC and meet at the receivers as the plan has them. DGX
+    """Thread blocks numbered (by default) by peer in ring order from their rank: on a plan
+    symmetric under a shift by whole nodes, the ranks a shift maps onto each other have the same
+    blocks, read as peer offsets, so blocks ready at once (taken in id order) pair up alike on
+    every rank's NIC and meet at the receivers as the plan has them. DGX
     H100 x 4 hier allgather 256 MB with every peer on a block of its own and one more run in
     flight: by peer id each rank's network sends paired up differently; in ring order the program
     is faster, and it is the same program otherwise (it verifies, same steps per block)."""
@@ -305,3 +305,16 @@ def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
     assert sorted(len(tb.steps) for g in ring.gpus for tb in g.tbs) == \
         sorted(len(tb.steps) for g in by_id.gpus for tb in g.tbs)
     assert ring_s < 0.9 * by_id_s
+
+
+def test_a_large_program_whose_lead_placement_cannot_be_lowered_falls_back_to_the_plain_one(topo, monkeypatch):
+    """Where LEAD's lowering fails (its blocks would not fit; here an impossible placement stands in
+    for that), realise lowers the count's plain placement instead of giving up on the count."""
+    import compiler.realise as R
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
+    monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
+    monkeypatch.setattr(R, "LEAD", {"pair_peers": False, "groups": 0})  # lower() rejects groups=0
+    r = R.realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
+    plain = time_program(lower(s, t, LowerOptions(proto="Simple")), t, s.demand.size_bytes).finish_time_s
+    assert r.timing.finish_time_s <= plain * 1.0001 and verify(r.program, "all", s.demand, t.sms).ok
