@@ -202,10 +202,10 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             try:
                 timed = None
                 if lead:  # every peer on a block of its own and one more run in flight, if the blocks fit
+                    led = replace(at_k, **lead)
                     try:
-                        timed = _time_all(schedule, topology, replace(at_k, **lead), protos, stop_at,
-                                          ideal, enough_s, first)
-                        at_k = replace(at_k, **lead)
+                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first)
+                        at_k = led
                     except CompileError:
                         first.clear()
                 if timed is None:
