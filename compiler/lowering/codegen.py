@@ -254,9 +254,9 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     ring: (rank, GPUs) to sort by peer in ring order from the rank ((peer - rank) mod GPUs) instead
     of by peer: every rank of a symmetric plan then lays its blocks out alike, so blocks that are
     ready at once (the timer takes them in id order; a GPU dispatches blocks in about that order,
-    though CUDA does not promise it) pair up alike
-    on every rank's link; by peer, each rank's network sends paired up differently and met three at
-    a time at receivers the plan gave two (DGX H100 x 64 allgather 1 GB: 3.25 against 2.85 ms)."""
+    though CUDA does not promise it) pair up alike on every rank's link; by peer, each rank's
+    network sends paired up differently and met three at a time at receivers the plan gave two
+    (DGX H100 x 64 allgather 1 GB: 3.25 against 2.85 ms)."""
     tbs = []
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
