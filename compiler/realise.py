@@ -30,9 +30,10 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more is lowered at each count first with LEAD, every peer on a block of its own and
-one more run in flight (where its blocks fit; what paid at 128 to 512 GPUs, where a single
-lowering can take the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1)
+transfers or more is lowered at each count first with LEAD, every peer on a block of its own, one
+more run in flight, only the sends through a NIC paced, and a NIC's connections on two channel
+groups in turn (where its blocks fit; what paid at 128 to 1,024 GPUs, where a single lowering can
+take the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1)
 at its best count only, in that order, after the search, and at one instance its whole chunks
 over more channel groups (`_grouped`, with LEAD's run ahead: where more instances would split
 elements or not fit, a connection still gets several thread blocks); its counts after the first
@@ -68,7 +69,9 @@ SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried (but
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
-LEAD = {"pair_peers": False, "pace_ahead": 1}  # a large program's first placement at each count (realise)
+LEAD = {"pair_peers": False, "pace_ahead": 1, "pace_fast": False, "rotate_slow": 2}  # a large program's first
+# placement at each count (realise): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled the
+# XML node limit) and a NIC's connections on two channel groups in turn (chains forward to two peers)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -292,6 +295,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     # both 672: a chunk piece that fills a kernel iteration gains nothing from a merged step, only blocks)
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
+    pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
     placements = (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
     for variant in placements + [None]:
@@ -303,7 +307,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
                 or time.perf_counter() + took[k] >= stop_at:
             break
         own = {p: (program, timing)}
-        mine = _keep_faster(own, schedule, topology, replace(base, instances=k, **variant), stop_at).get(p)
+        mine = _keep_faster(own, schedule, topology, replace(base, instances=k, **pacing, **variant), stop_at).get(p)
         if own[p][1] is not timing:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))

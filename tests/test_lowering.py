@@ -360,6 +360,54 @@ def test_pacing_gives_way_to_the_xml_node_limit(topo, monkeypatch):
     assert re.search(rf"needs {unpaced_most} XML nodes .* allows {unpaced_most - 1}\b", _one_line(e.value))
 
 
+
+def _nops_before(p: Program, per: int) -> tuple[int, int]:
+    """The program's nops (a step's second and later waits) before a send through a NIC, and
+    before any other step."""
+    slow = other = 0
+    for g in p.gpus:
+        for tb in g.tbs:
+            nops = 0
+            for st in tb.steps:
+                if st.type == "nop":
+                    nops += 1
+                    continue
+                if st.type in ("s", "rcs") and tb.send // per != g.rank // per:
+                    slow += nops
+                else:
+                    other += nops
+                nops = 0
+    return slow, other
+
+
+def test_fast_links_lose_their_pacing_before_the_nics_do(topo, monkeypatch):
+    """DGX H100 x 4 hier allgather: pace_fast=False paces only the sends through a NIC (each GPU
+    sends to three nodes, on three blocks): the nops of pacing the fan-out inside a node go. Where the XML node limit leaves room for that but not for pacing every link, the rank
+    is lowered as with pace_fast=False: the NICs keep their order (at 1,024 GPUs the NVSwitch
+    fan-out's pacing nops used to take the room, and the NIC pacing was cut instead)."""
+    import dataclasses
+
+    from compiler.lowering import lower as lowering
+
+    t = topo("dgx-h100", 4)
+    d, s = _plan(t, "hier", "allgather")
+    every = lower(s, t)
+    nics = lower(s, t, LowerOptions(pace_fast=False))
+    check_program(nics, d, "all", t.sms)
+    assert _nodes_and_nops(nics)[0] < _nodes_and_nops(every)[0]
+    slow, other = _nops_before(every, t.gpus_per_node)
+    nic_slow, nic_other = _nops_before(nics, t.gpus_per_node)
+    assert other > 0 and nic_other == 0 and nic_slow > 0
+    assert _nops_before(lower(s, t, LowerOptions(pace=False)), t.gpus_per_node) == (0, 0)
+    nic_most = _nodes_and_nops(nics)[0]
+    assert "only sends over slow paths are paced" in " ".join(nics.notes)
+    real = lowering.runtime_limits
+    monkeypatch.setattr(lowering, "runtime_limits",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), max_nodes=nic_most))
+    fitted = lower(s, t)
+    assert [g.tbs for g in fitted.gpus] == [g.tbs for g in nics.gpus]
+
+
 # ---- errors ----------------------------------------------------------------------------------------
 
 

@@ -111,19 +111,27 @@ def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, 
 
 def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits: dict[int, int],
                 instances: int, slots: int, topology: Topology, widths: list[int] | None = None,
-                rank: int | None = None) -> list[Move]:
+                rank: int | None = None, rotate: int = 1, split: int = 1) -> list[Move]:
     """widths: per transfer, the channels its sub-chunks spread over (lane_widths); None: all k.
-    rank: if given, only the moves that rank sends or receives (the same moves as in the whole list)."""
+    rank: if given, only the moves that rank sends or receives (the same moves as in the whole list).
+    rotate: the sets of `split` channel groups (those of `splits`) a connection over a slow path takes
+    in turn, transfer by transfer in schedule order (channels up to rotate times as many)."""
     k, lanes_n, per_group = instances, max(lanes, default=0) + 1, max(1, slots - 1)
     fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
+    turn: dict[tuple[int, int], int] = {}
     moves = []
     for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
-        if rank is not None and rank != t.src and rank != t.dst:
-            continue  # `seen` counts per connection, so the rank's own moves come out the same
-        chan0 = k * (lane + lanes_n * splits.get(t.chunk, 0))
-        first = topology.link_id(t.path[0], t.path[1])
         slow = topology.path_bandwidth(t.path) < fastest
+        group = splits.get(t.chunk, 0)
+        if rotate > 1 and slow:
+            j = turn.get((t.src, t.dst), 0)
+            turn[(t.src, t.dst)] = j + 1
+            group += split * (j % rotate)
+        if rank is not None and rank != t.src and rank != t.dst:
+            continue  # `seen` and `turn` count per connection, so the rank's own moves come out the same
+        chan0 = k * (lane + lanes_n * group)
+        first = topology.link_id(t.path[0], t.path[1])
         w = k if widths is None else widths[n]
         for i in range(k):
             chan = chan0 + i * w // k

@@ -113,7 +113,8 @@ class RankCode:
 def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand,
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
-               pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True) -> RankCode:
+               pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
+               pace_fast: bool = True) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -130,7 +131,10 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     come, first served). gate_slow: a send over a slow path (through a NIC) also waits for the
     latest receive of the rank that the schedule has arrive before the send starts, so that ranks
     sharing a NIC take it in about the schedule's order instead of first come, first served.
-    ring_ids: thread blocks numbered by peer in ring order from this rank (pair_thread_blocks)."""
+    ring_ids: thread blocks numbered by peer in ring order from this rank (pair_thread_blocks).
+    pace_fast: False paces only sends over slow paths (Move.slow: through a NIC); a fast link's
+    sends, gated by their data anyway, take its lanes first come, first served. Where the rank
+    would store too many XML nodes, fast links lose their pacing before any slow one does."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
@@ -143,13 +147,16 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         by_chunk, weights = link_forwards(ops)
         ring = (rank, demand.ngpus) if ring_ids else None
         tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring)
-        gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow)
+        gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow, pace_fast)
         for unit in fuse(ops, len(tbs)):
             gen.emit(unit)
         excess = 0 if max_nodes is None else 1 + demand.ngpus + len(tbs) + sum(len(tb.steps) for tb in tbs) - max_nodes
         if excess <= 0 or gen.em.pace_nops == 0:
             return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
-        budget = max(0, gen.em.pace_nops - excess)
+        if pace_fast and gen.fast_paced:
+            pace_fast = False  # a fast link's pacing nops go first (at 1,024 GPUs they crowded out the NIC's)
+        else:
+            budget = max(0, gen.em.pace_nops - excess)
 
 
 def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand) -> list[Op]:
@@ -322,9 +329,11 @@ class _RankGen:
     """Emits one rank's units in key order, tracking where each chunk's current value lives."""
 
     def __init__(self, rank: int, demand: Demand, by_chunk: dict[int, list[Op]], copy_tb: dict[int, int],
-                 em: _Emitter, pace: Callable[[int], int] | None, gate_slow: bool = False):
+                 em: _Emitter, pace: Callable[[int], int] | None, gate_slow: bool = False, pace_fast: bool = True):
         self.rank, self.reduce, self.by_chunk, self.copy_tb, self.em, self.pace, self.gate_slow = \
             rank, demand.reduce, by_chunk, copy_tb, em, pace, gate_slow
+        self.pace_fast = pace_fast
+        self.fast_paced = False  # whether a send over a fast path was paced
         self.src_idx = {c.id: c.src_index[c.sources.index(rank)] for c in demand.chunks if rank in c.sources}
         self.dst_idx = {c.id: c.dst_index[c.dests.index(rank)] for c in demand.chunks if rank in c.dests}
         self.cur: dict[int, Slot | None] = {} if self.reduce else {c: ("i", i) for c, i in self.src_idx.items()}
@@ -365,7 +374,8 @@ class _RankGen:
 
     def paced(self, send: Op) -> tuple[tuple[int, int], ...]:
         """The steps the first send of a run waits for besides its data: the send w runs before it
-        on its link (pacing) and, with gate_slow on a slow path, the gate. Receives are emitted in
+        on its link (pacing: only over a slow path unless pace_fast) and, with gate_slow on a slow
+        path, the gate. Receives are emitted in
         key order and a send's level is at least its start, so the gate has a smaller key."""
         if not send.move.head:
             return ()
@@ -375,11 +385,12 @@ class _RankGen:
                 self.gate = heapq.heappop(self.arrivals)[2]
             if self.gate is not None:
                 out.append(self.gate)
-        if self.pace is not None:
+        if self.pace is not None and (self.pace_fast or send.move.slow):
             before = self.sends.get(send.move.lane[0], ())
             w = self.pace(send.move.lane[0])
             if len(before) >= w:
                 out.append(before[-w])
+                self.fast_paced |= not send.move.slow
         return tuple(out)
 
     def sent(self, send: Op, at: tuple[int, int]) -> None:

@@ -111,9 +111,15 @@ class LowerOptions:
     pair_peers: bool = True  # a send and a receive peer that forward nothing between them may share a thread
     # block (fewer blocks; their steps take turns); False gives each its own, an error where the blocks do not fit
     pace_ahead: int = 0  # runs in flight on a paced link beyond its lanes (codegen.lower_rank)
+    pace_fast: bool = True  # pace sends over fast links too; False: only over slow paths (through a NIC). At 512
+    # GPUs pacing the NVSwitch fan-out cost a nop per send (a third of a rank's steps), and at 1,024 those nops
+    # reached the XML node limit, which then cut the NIC pacing that pays
     gate_slow: bool = False  # a send through a NIC waits for the rank's receive planned just before it (codegen)
     groups: int = 1  # channel groups whole chunks spread over at least: a connection gets a thread block per group
     # that carries its chunks, so its sends run on several blocks at once where more instances cannot split chunks
+    rotate_slow: int = 1  # channel group sets a connection over a slow path takes in turn, transfer by transfer
+    # (channels.place_moves): a thread block pays the step latency after each send, so a NIC fed by two blocks
+    # in turn (a chain's forwards to the next node each way) idles that long every other send
     ring_ids: bool = True  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks);
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
@@ -131,6 +137,8 @@ def check_options(o: LowerOptions) -> None:
         raise LoweringError(f"--size-range: {o.min_bytes}..{o.max_bytes} is not a range of sizes")
     if not isinstance(o.pace_ahead, int) or o.pace_ahead < 0:
         raise LoweringError(f"pace_ahead: {o.pace_ahead!r} must be a whole number >= 0")
+    if not isinstance(o.rotate_slow, int) or o.rotate_slow < 1:
+        raise LoweringError(f"rotate_slow: {o.rotate_slow!r} must be a whole number >= 1")
     if not isinstance(o.groups, int) or o.groups < 1:
         raise LoweringError(f"groups: {o.groups!r} must be a whole number >= 1")
     runtime_limits(o.runtime)
@@ -303,7 +311,8 @@ def pace_window(topology: Topology, options: LowerOptions) -> Callable[[int], in
 def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callable[[int], int] | None,
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
-                 pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True) -> tuple[list[RankCode], bool]:
+                 pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
+                 pace_fast: bool = True) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
@@ -315,7 +324,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     codes = []
     for r in range(demand.ngpus):
         codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity,
-                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids))
+                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast))
         if stop is not None and stop(codes[-1]):
             return codes, False
     fill_remote_fields(codes, moves)
@@ -358,10 +367,11 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         ins = [m for m in moves if m.dst == rank]
         identity: Callable[[Slot], Slot] = lambda s: s
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or identity,
-                          pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow)
+                          pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
+                          options.ring_ids, options.pace_fast)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             code = lower_rank(rank, outs, ins, demand, identity, pace, False, lim.max_nodes, options.pair_peers,
-                              options.pace_ahead, options.gate_slow)
+                              options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             break
@@ -386,10 +396,12 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     if schedule.topology != topology.name:
         notes.append(f"lowering: schedule planned for {schedule.topology}, lowered for {topology.name}")
     per_group = options.instances * (max(lanes, default=0) + 1)  # channels in one channel group
-    most = MAX_CHANNELS // per_group
+    most = MAX_CHANNELS // (per_group * options.rotate_slow)
     if most < 1:
+        turns = f" x {options.rotate_slow} turns" if options.rotate_slow > 1 else ""
         raise LoweringError(f"lowering: {options.instances} instances x {per_group // options.instances} parallel "
-                            f"lanes need {per_group} channels; MSCCL allows {MAX_CHANNELS}; use fewer --instances")
+                            f"lanes{turns} need {per_group * options.rotate_slow} channels; MSCCL allows "
+                            f"{MAX_CHANNELS}; use fewer --instances")
     pace = pace_window(topology, options)
     widths = None  # without runtime costs a thread block has no rate cap: every instance is its own channel
     if options.fit_lanes and topology.costs is not None:
@@ -397,7 +409,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
     def place(split: int, rank: int | None = None) -> list[Move]:
         return place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
-                           SLOTS[options.proto], topology, widths, rank)
+                           SLOTS[options.proto], topology, widths, rank, options.rotate_slow, split)
 
     split = max(options.groups, first_split(schedule, lanes, lim.max_steps))
     split = probe_split(min(most, split), most, place, busiest_rank(schedule), demand, can_alias,
@@ -415,7 +427,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
-                                        options.ring_ids)
+                                        options.ring_ids, options.pace_fast)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
@@ -441,6 +453,12 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
     if not options.pace:
         notes.append("lowering: sends are not paced: each takes its link's lanes first come, first served")
+    if options.rotate_slow > 1:
+        notes.append(f"lowering: a connection over a slow path takes {options.rotate_slow} channel groups in turn, "
+                     "transfer by transfer")
+    if options.pace and not options.pace_fast:
+        notes.append("lowering: only sends over slow paths are paced; a fast link's take its lanes first come, "
+                     "first served")
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
