@@ -33,9 +33,10 @@ every instance on its own channel, then also unpaced (fewer steps). A program of
 transfers or more is lowered at each count first with LEAD, every peer on a block of its own, one
 more run in flight, only the sends through a NIC paced, and a NIC's connections on two channel
 groups in turn (where its blocks fit; what paid at 128 to 1,024 GPUs, where a single lowering can
-take the whole limit); it tries pace_ahead (k > 1), pair_peers and fit_lanes (k > 1)
-at its best count only, in that order, after the search, and at one instance its whole chunks
-over more channel groups (`_grouped`, with LEAD's run ahead: where more instances would split
+take the whole limit); it tries LEAD with 3 runs in flight, then pace_ahead (k > 1), pair_peers
+and fit_lanes (k > 1), each keeping LEAD's NIC choices, at its best count only, in that order,
+after the search, and at one instance its whole chunks over more channel groups (`_grouped`,
+with LEAD's run ahead: where more instances would split
 elements or not fit, a connection still gets several thread blocks); its counts after the first
 are lowered for the first's fastest protocol only, and its search runs to the deadline, not
 SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
@@ -288,15 +289,16 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, q, 1, prog, timing)
     _, p, k, program, timing = best
-    # a large program tries its other placements at its best count only: one more run in flight on paced links
-    # (k > 1: a transfer's runs start and end together, so its lanes idle through the step latency), then every
-    # send and receive peer on a block of its own, then every instance on its own channel; then those that paid
-    # alone, together (DGX H100 x 2 allgather 256 MB at 4 instances: 786 us, one more run 731, own channels 718,
+    # a large program tries its other placements at its best count only, with LEAD's NIC choices: LEAD with 3 runs
+    # in flight, one more run in flight on paced links (k > 1: a transfer's runs start and end together, so its
+    # lanes idle through the step latency), then every send and receive peer on a block of its own, then every
+    # instance on its own channel; then those that paid alone, together (DGX H100 x 2 allgather 256 MB at 4 instances: 786 us, one more run 731, own channels 718,
     # both 672: a chunk piece that fills a kernel iteration gains nothing from a merged step, only blocks)
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
-    placements = (([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
+    wider = [{**lead, "pace_ahead": 3}] if lead else []  # LEAD, 3 runs ahead (512 GPUs: 0.937 -> 0.948; 7: 0.917)
+    placements = (wider + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
     for variant in placements + [None]:
         if variant is None:  # then those together
@@ -307,12 +309,13 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
                 or time.perf_counter() + took[k] >= stop_at:
             break
         own = {p: (program, timing)}
-        mine = _keep_faster(own, schedule, topology, replace(base, instances=k, **pacing, **variant), stop_at).get(p)
+        mine = _keep_faster(own, schedule, topology, replace(base, instances=k, **{**pacing, **variant}), stop_at).get(p)
         if own[p][1] is not timing:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
         if mine is not None and mine < plain_s and variant is not paid:
-            paid = {**paid, **variant}
+            ahead = max(paid.get("pace_ahead", 0), variant.get("pace_ahead", 0))  # the wider window of those that paid
+            paid = {**paid, **variant, **({"pace_ahead": ahead} if ahead else {})}
     if large and k == 1 and enough is None:
         program, timing = _grouped(program, timing, schedule, topology, replace(base, **lead), stop_at, took[1],
                                    enough_s, tried, apart_first=bool(lead) or paid.get("pair_peers") is False)

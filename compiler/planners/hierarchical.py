@@ -35,14 +35,16 @@ from compiler.planners.options import PlanOptions
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
 
 
-CROWDED_CHAINS = 4  # chains each way where the GPUs alone take a quarter of a rank's XML nodes
+CROWDED_CHAINS = 8  # chains each way where the GPUs alone take a quarter of a rank's XML nodes
 
 
 def network_peers(topo: Topology) -> int:
     """Network peers a GPU may send to: the thread blocks with a send peer one channel holds
     (MAX_TBS_PER_CHANNEL), less one per other GPU of its node (the fan-out's peers); fewer where
     the GPUs take a quarter of the XML nodes a rank may have (1 + GPUs + thread blocks + steps
-    <= MAX_NODES: at 1,024 GPUs 24 peers in every channel group left the steps one node short)."""
+    <= MAX_NODES). At 1,024 GPUs 24 peers left the steps one node short while every link was
+    paced; with only the NICs paced (realise's LEAD) 16 fit, and they beat 8 (chains of 16 nodes
+    pay a step latency per hop: 0.866 of the bound) and 24 (0.862): 0.891."""
     peers = max(2, MAX_TBS_PER_CHANNEL - (topo.gpus_per_node - 1))
     return min(peers, 2 * CROWDED_CHAINS) if 4 * topo.ngpus >= MAX_NODES else peers
 
