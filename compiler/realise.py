@@ -30,10 +30,11 @@ gained at another count would bring it within CONTENDS of the best; where a chun
 than one step latency on a thread block, the search skips the saturating counts. A count whose
 lane-aware lowering needs more steps per thread block than the runtime allows is lowered with
 every instance on its own channel, then also unpaced (fewer steps). A program of LARGE_PROGRAM
-transfers or more is lowered at each count first with LEAD, every peer on a block of its own, 3
-more runs in flight, only the sends through a NIC paced, and a NIC's connections on two channel
-groups in turn (where its blocks fit; what paid at 128 to 1,024 GPUs, where a single lowering can
-take the whole limit); it tries LEAD with 1 run in flight, then pace_ahead (k > 1), pair_peers
+transfers or more is lowered at each count first with LEAD, every peer on a block of its own, one
+more run in flight (3 where a chunk fits one kernel iteration), only the sends through a NIC
+paced, and a NIC's connections on two channel groups in turn (where its blocks fit; what paid at
+128 to 1,024 GPUs, where a single lowering can take the whole limit); it tries LEAD with the
+other window (3 or 1), then pace_ahead (k > 1), pair_peers
 and fit_lanes (k > 1), each keeping LEAD's NIC choices, at its best count only, in that order,
 after the search, and at one instance its whole chunks over more channel groups (`_grouped`,
 with LEAD's run ahead: where more instances would split
@@ -70,10 +71,10 @@ SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried (but
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
-LEAD = {"pair_peers": False, "pace_ahead": 3, "pace_fast": False, "rotate_slow": 2}  # a large program's first
-# placement at each count (realise): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled the
-# XML node limit), a NIC's connections on two channel groups in turn (chains forward to two peers), and 3 runs
-# ahead (DGX H100 x 64 allgather 1 GB 2.787 ms against 2.821 with 1; reduce-scatter 2.886 against 2.998)
+LEAD = {"pair_peers": False, "pace_ahead": 1, "pace_fast": False, "rotate_slow": 2}  # a large program's first
+# placement at each count (realise, _lead): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled
+# the XML node limit) and a NIC's connections on two channel groups in turn (chains forward to two peers)
+AHEAD_IN_ONE_ITERATION = 3  # LEAD's runs ahead where a chunk fits one kernel iteration (_lead)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -182,7 +183,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         protos = tuple(sorted(protos, key=ideal.__getitem__))
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
-    lead = LEAD if large and options.pace else {}
+    lead = _lead(schedule, topology, protos[0]) if large and options.pace else {}
     fixed = options.instances != 0
     if not divides(schedule.demand, 1, element_bytes):  # not whole elements of that size at all: count bytes
         element_bytes = 1
@@ -290,17 +291,18 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
         if timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, q, 1, prog, timing)
     _, p, k, program, timing = best
-    # a large program tries its other placements at its best count only, with LEAD's NIC choices: LEAD with 1 run
-    # in flight, one more run in flight on paced links (k > 1: a transfer's runs start and end together, so its
+    # a large program tries its other placements at its best count only, with LEAD's NIC choices: LEAD with the
+    # other window, one more run in flight on paced links (k > 1: a transfer's runs start and end together, so its
     # lanes idle through the step latency), then every send and receive peer on a block of its own, then every
-    # instance on its own channel; then those that paid alone, together (DGX H100 x 2 allgather 256 MB at 4 instances: 786 us, one more run 731, own channels 718,
-    # both 672: a chunk piece that fills a kernel iteration gains nothing from a merged step, only blocks)
+    # instance on its own channel; then those that paid alone, together (DGX H100 x 2 allgather 256 MB at 4
+    # instances, before LEAD's NIC choices: 786 us, one more run 731, own channels 718, both 672: a chunk piece
+    # that fills a kernel iteration gains nothing from a merged step, only blocks)
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
-    narrower = [{**lead, "pace_ahead": 1}] if lead else []  # LEAD, 1 run ahead (DGX H100 x 32 LEAD alone: 3.658 ms
-    # with 1, 3.825 with 3; at 512 GPUs 7 lost: 2.881 ms)
-    placements = (narrower + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
+    other = 1 + AHEAD_IN_ONE_ITERATION - lead.get("pace_ahead", 0)  # LEAD's other window (3 or 1)
+    window = [{**lead, "pace_ahead": other}] if lead.get("pace_ahead") in (1, AHEAD_IN_ONE_ITERATION) else []
+    placements = (window + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
     for variant in placements + [None]:
         if variant is None:  # then those together
@@ -311,7 +313,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
                 or time.perf_counter() + took[k] >= stop_at:
             break
         own = {p: (program, timing)}
-        mine = _keep_faster(own, schedule, topology, replace(base, instances=k, **{**pacing, **variant}), stop_at).get(p)
+        placed = replace(base, instances=k, **{**pacing, **variant})
+        mine = _keep_faster(own, schedule, topology, placed, stop_at).get(p)
         if own[p][1] is not timing:
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
@@ -401,6 +404,19 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         _keep_faster(timed, schedule, topology, replace(options, **together), stop_at, (leader,))
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
     return reached
+
+
+def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:
+    """LEAD, with AHEAD_IN_ONE_ITERATION runs ahead where a chunk fits one kernel iteration of
+    `proto` (the step latency after each run weighs more on a small one: DGX H100 x 64 allgather 1 GB,
+    2 MB chunks, 2.821 ms with 1 and 2.787 with 3, reduce-scatter 2.998 and 2.886; 7 lost, 2.881)
+    and 1 where it takes several (DGX A100 x 16, 8 MB chunks: 0.965 of the bound with 1, 0.949
+    with 3; DGX H100 x 32, 4 MB, LEAD alone: 3.658 ms with 1, 3.825 with 3)."""
+    d = schedule.demand
+    chunk = d.size_bytes / max(1, d.ngpus * d.chunks_per_rank)
+    if "pace_ahead" not in LEAD or Costing.of(topology, proto).iterations(chunk) > 1:
+        return dict(LEAD)
+    return {**LEAD, "pace_ahead": AHEAD_IN_ONE_ITERATION}
 
 
 def _leader(timed: dict[str, tuple[Program, ProgramTiming]]) -> str:

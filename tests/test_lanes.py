@@ -278,14 +278,14 @@ def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo
 
 def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monkeypatch):
     """A large program's first lowering at a count is LEAD (what pays at scale): every peer on a
-    block of its own, 3 more runs in flight, only the sends through a NIC paced and a NIC's
-    connections on two channel groups in turn. Its other placements are tried at its best count
-    only, where each lowering of 256 GPUs takes seconds, keeping LEAD's NIC choices: LEAD with 1
-    run in flight, one more run in flight alone, peers apart alone, every instance on its own
-    channel. DGX H100 x 2 hier
-    allgather 256 MB at 4 instances, with the large-program path: LEAD beats one more run in
-    flight and own channels the old way (pacing the NVSwitch fan-out costs more than it orders),
-    and realise keeps a program faster still (own channels on top of LEAD's NIC choices)."""
+    block of its own, one more run in flight (chunks of several kernel iterations), only the sends
+    through a NIC paced and a NIC's connections on two channel groups in turn. Its other
+    placements are tried at its best count only, where each lowering of 256 GPUs takes seconds,
+    keeping LEAD's NIC choices: LEAD with 3 runs in flight, one more run in flight alone, peers
+    apart alone, every instance on its own channel. DGX H100 x 2 hier allgather 256 MB at 4
+    instances, with the large-program path: LEAD beats one more run in flight and own channels
+    the old way (pacing the NVSwitch fan-out costs more than it orders), and realise keeps a
+    program faster still (own channels on top of LEAD's NIC choices)."""
     import compiler.realise as R
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 28), PlanOptions())
@@ -304,7 +304,7 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
     assert r.timing.finish_time_s < lead * 0.9999
     assert all(o.ring_ids for o in lowered) and verify(r.program, "all", s.demand.split(4), t.sms).ok
     kinds = [(o.pace_ahead, o.fit_lanes, o.pair_peers) for o in lowered]
-    assert kinds[:2] == [(3, True, False), (1, True, False)]  # LEAD, then LEAD 1 run ahead
+    assert kinds[:2] == [(1, True, False), (3, True, False)]  # LEAD (16 MB chunks), then LEAD 3 runs ahead
     assert all((o.pace_fast, o.rotate_slow) == (False, 2) for o in lowered)
     assert kinds.index((1, True, True)) < kinds.index((0, True, False)) < kinds.index((0, False, True))
     assert any("only sends over slow paths are paced" in n for n in r.program.notes)
