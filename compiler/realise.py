@@ -34,11 +34,11 @@ transfers or more is lowered at each count first with LEAD, every peer on a bloc
 more run in flight (3 where a chunk fits one kernel iteration), only the sends through a NIC
 paced, and a NIC's connections on two channel groups in turn (where its blocks fit; what paid at
 128 to 1,024 GPUs, where a single lowering can take the whole limit); it tries LEAD with the
-other window (3 or 1), then pace_ahead (k > 1), pair_peers
-and fit_lanes (k > 1), each keeping LEAD's NIC choices, at its best count only, in that order,
-after the search, and at one instance its whole chunks over more channel groups (`_grouped`,
-with LEAD's run ahead: where more instances would split
-elements or not fit, a connection still gets several thread blocks); its counts after the first
+other window (3 or 1), then pace_ahead (k > 1), pair_peers and fit_lanes (k > 1), each keeping
+LEAD's NIC choices, at its best count only, in that order, after the search, and at one instance
+its whole chunks over more channel groups (`_grouped`, with LEAD's run ahead: where more
+instances would split elements or not fit, a connection still gets several thread blocks); its
+counts after the first
 are lowered for the first's fastest protocol only, and its search runs to the deadline, not
 SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
 search is noted, never an error unless no program at all fits. One lowering serves every protocol
@@ -408,10 +408,11 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
 
 def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:
     """LEAD, with AHEAD_IN_ONE_ITERATION runs ahead where a chunk fits one kernel iteration of
-    `proto` (the step latency after each run weighs more on a small one: DGX H100 x 64 allgather 1 GB,
-    2 MB chunks, 2.821 ms with 1 and 2.787 with 3, reduce-scatter 2.998 and 2.886; 7 lost, 2.881)
-    and 1 where it takes several (DGX A100 x 16, 8 MB chunks: 0.965 of the bound with 1, 0.949
-    with 3; DGX H100 x 32, 4 MB, LEAD alone: 3.658 ms with 1, 3.825 with 3)."""
+    `proto` and 1 where it takes several: a rule read off measurements, not a model. DGX H100 x 64
+    allgather 1 GB (2 MB chunks): 2.821 ms with 1, 2.787 with 3 (7: 2.881); reduce-scatter 2.998
+    and 2.886. DGX A100 x 16 (8 MB): 0.965 of the bound with 1, 0.949 with 3; DGX H100 x 32 (4 MB),
+    LEAD alone: 3.658 ms with 1, 3.825 with 3. At 1,024 GPUs (1 MB) neither wins clearly: 3 by
+    0.5 % at 2^30 bytes, 1 by 2 % at 10^9."""
     d = schedule.demand
     chunk = d.size_bytes / max(1, d.ngpus * d.chunks_per_rank)
     if "pace_ahead" not in LEAD or Costing.of(topology, proto).iterations(chunk) > 1:

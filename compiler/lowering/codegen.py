@@ -375,8 +375,8 @@ class _RankGen:
     def paced(self, send: Op) -> tuple[tuple[int, int], ...]:
         """The steps the first send of a run waits for besides its data: the send w runs before it
         on its link (pacing: only over a slow path unless pace_fast) and, with gate_slow on a slow
-        path, the gate. Receives are emitted in
-        key order and a send's level is at least its start, so the gate has a smaller key."""
+        path, the gate. Receives are emitted in key order and a send's level is at least its start,
+        so the gate has a smaller key."""
         if not send.move.head:
             return ()
         out = []
