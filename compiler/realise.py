@@ -300,8 +300,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
-    other = 1 + AHEAD_IN_ONE_ITERATION - lead.get("pace_ahead", 0)  # LEAD's other window (3 or 1)
-    window = [{**lead, "pace_ahead": other}] if lead.get("pace_ahead") in (1, AHEAD_IN_ONE_ITERATION) else []
+    other = 1 if lead.get("pace_ahead") == AHEAD_IN_ONE_ITERATION else AHEAD_IN_ONE_ITERATION  # LEAD's other window
+    window = [{**lead, "pace_ahead": other}] if "pace_ahead" in lead else []
     placements = (window + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
     for variant in placements + [None]:
