@@ -120,9 +120,12 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
     fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
     turn: dict[tuple[int, int], int] = {}
+    slow_paths: dict[tuple[int, ...], bool] = {}  # a path's bandwidth is a walk over its links; paths repeat
     moves = []
     for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
-        slow = topology.path_bandwidth(t.path) < fastest
+        slow = slow_paths.get(t.path)
+        if slow is None:
+            slow = slow_paths[t.path] = topology.path_bandwidth(t.path) < fastest
         group = splits.get(t.chunk, 0)
         if rotate > 1 and slow:
             j = turn.get((t.src, t.dst), 0)
