@@ -38,11 +38,11 @@ other window (3 or 1), then pace_ahead (k > 1), pair_peers and fit_lanes (k > 1)
 LEAD's NIC choices, at its best count only, in that order, after the search, and at one instance
 its whole chunks over more channel groups (`_grouped`, with LEAD's run ahead: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
-counts after the first
-are lowered for the first's fastest protocol only, and its search runs to the deadline, not
-SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
-search is noted, never an error unless no program at all fits. One lowering serves every protocol
-with the same connection slots (LL and LL128); the chosen program is verified by the caller.
+counts after the first are lowered for the first's fastest protocol only, and its search runs
+to the deadline, not SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A
+limit that stops the search is noted, never an error unless no program at all fits. One lowering
+serves every protocol with the same connection slots (LL and LL128); the chosen program is
+verified by the caller.
 """
 
 from __future__ import annotations
