@@ -431,6 +431,24 @@ def test_too_many_thread_blocks_is_one_clear_line(topo):
             lower(s, t, LowerOptions(instances=3, runtime=runtime, fit_lanes=False))
 
 
+def test_a_count_whose_blocks_cannot_fit_stops_at_the_first_rank_with_too_many(topo, monkeypatch):
+    """DGX-2 x 2 hier allgather 1 MB at 7 instances: rank 0 needs more thread blocks than the 80 SMs
+    allow, with slow receives paired too. Lowering says so as check_limits does and lowers no rank
+    after the first with too many (it lowered all 32 twice before: a second of every realise that
+    tried the count)."""
+    import compiler.lowering.lower as L
+    t = topo("dgx2", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 10**6), PlanOptions())
+    ranks = []
+    real = L.lower_rank
+    monkeypatch.setattr(L, "lower_rank", lambda r, *a: ranks.append(r) or real(r, *a))
+    with pytest.raises(LoweringError) as e:
+        lower(s, t, LowerOptions(proto="LL", instances=7))
+    assert re.fullmatch(r"lowering: rank 0 needs \d+ thread blocks; the GPU has 80 SMs and all thread blocks must "
+                        r"be co-resident; use fewer --instances/--chunks", _one_line(e.value))
+    assert len(ranks) < t.ngpus
+
+
 def test_peers_on_blocks_of_their_own_that_do_not_fit_is_one_clear_line(topo):
     t = topo("dgx2", 2)
     _, s = _plan(t, "direct", "allgather")

@@ -241,15 +241,19 @@ def _allows(lim: RuntimeLimits, what: str) -> str:
     return f"{lim.runtime} allows {value}"
 
 
+def too_many_blocks(rank: int, tbs: int, lim: RuntimeLimits, note: str = "") -> LoweringError:
+    roomiest = runtime_limits(max(lim.targets or NAMES, key=lambda r: runtime(r).max_tbs), lim.sms)
+    other = f" --runtime {roomiest.runtime} or" if tbs <= roomiest.max_tbs else ""
+    return LoweringError(f"lowering: rank {rank} needs {tbs} thread blocks{note}; {lim.tb_reason}; "
+                         f"use{other} fewer --instances/--chunks")
+
+
 def check_limits(gpus: tuple[GpuProgram, ...], lim: RuntimeLimits, ngpus: int, note: str = "") -> None:
     """Raise LoweringError naming the first limit a rank breaks (msccl-xml.md §11, §16)."""
-    roomiest = runtime_limits(max(lim.targets or NAMES, key=lambda r: runtime(r).max_tbs), lim.sms)
     for g in gpus:
         r = g.rank
         if len(g.tbs) > lim.max_tbs:
-            other = f" --runtime {roomiest.runtime} or" if len(g.tbs) <= roomiest.max_tbs else ""
-            raise LoweringError(f"lowering: rank {r} needs {len(g.tbs)} thread blocks{note}; {lim.tb_reason}; "
-                                f"use{other} fewer --instances/--chunks")
+            raise too_many_blocks(r, len(g.tbs), lim, note)
         for tb in g.tbs:
             if len(tb.steps) > lim.max_steps:
                 raise TooManySteps(f"lowering: rank {r} thread block {tb.id} needs {len(tb.steps)} steps{note}; "
@@ -420,10 +424,10 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         while True:
             open_alias = can_alias and options.inplace is None  # whether in-place use is still to be found out
 
-            def stop(code: RankCode, open_alias: bool = open_alias, pair_slow: bool = pair_slow) -> bool:
+            def stop(code: RankCode, open_alias: bool = open_alias) -> bool:
                 if open_alias and not code.inplace_ok:
                     return True  # not usable in place anyway
-                return len(code.tbs) > lim.max_tbs and (not options.pair_peers or not (open_alias or pair_slow))
+                return len(code.tbs) > lim.max_tbs  # the rest need not be lowered this way (aliasing adds no blocks)
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
@@ -439,6 +443,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         if not pair_slow and most_tbs > lim.max_tbs:
             pair_slow = True
             continue
+        if most_tbs > lim.max_tbs:  # slow receives paired too: no placement of this split has fewer blocks
+            rank = next(c.rank for c in codes if len(c.tbs) == most_tbs)
+            raise too_many_blocks(rank, most_tbs, lim, f" (with {split} channel groups)" if split > 1 else "")
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
             break
