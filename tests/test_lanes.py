@@ -216,6 +216,33 @@ def test_placements_that_pay_are_kept_together(topo):
     assert any("a thread block of its own" in n for n in r.program.notes)
 
 
+def test_a_nic_connection_takes_turns_on_top_of_the_best_small_placement(topo, monkeypatch):
+    """DGX-2 x 2 hier allgather, 1 MB in 4 chunks, LL at 1 instance: a GPU's quarter chunks cross
+    its NIC on one thread block, which pays 2.7 us of step latency after each. Alone, taking channel
+    groups in turn changes nothing (paced or paired blocks keep the turns waiting); on the best
+    placement, unpaced with every peer apart, two turns beat it by over 10 %. realise tries the
+    turns on its best placement and keeps them (the program verifies and says so); without that
+    stage (MAX_TURNS 1) its program is slower."""
+    import compiler.realise as R
+    t = topo("dgx2", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 4), PlanOptions())  # 1 MB in whole float32
+    size = s.demand.size_bytes
+
+    def timed(**kw):
+        return time_program(lower(s, t, LowerOptions(proto="LL", **kw)), t, size).finish_time_s
+    assert timed(rotate_slow=2) >= 0.99 * timed()
+    best = timed(pace=False, pair_peers=False)
+    turns = timed(pace=False, pair_peers=False, rotate_slow=2)
+    assert turns < 0.9 * best
+    r = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    assert r.timing.finish_time_s <= turns * 1.0001
+    assert verify(r.program, "all", s.demand, t.sms).ok
+    assert any("channel groups in turn" in n for n in r.program.notes)
+    monkeypatch.setattr(R, "MAX_TURNS", 1)
+    without = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    assert without.timing.finish_time_s > 1.05 * r.timing.finish_time_s
+
+
 def test_a_wider_run_ahead_window_is_tried_while_it_pays(topo):
     """DGX H100 x 2 direct alltoall, 1 MiB, LL at 1 instance: each rank's sends through its NIC
     hold the link for little more than the step latency after each, so one more run in flight beats
