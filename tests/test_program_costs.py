@@ -268,6 +268,30 @@ def test_probes_run_cheapest_first_so_a_short_window_still_ranks_the_coarse_plan
     assert seen == [min(len(c.schedule.transfers) for c in cands)]
 
 
+def test_a_probe_ranks_by_the_faster_of_the_plain_and_the_unpaced_placement(topo):
+    """DGX-2 x 2 hier allgather 1 MB at 1, 2 and 4 chunks: the plain one-instance programs rank
+    hier/1ch first (finer chunks wait longer for their pacing), but unpaced, with every peer apart
+    and a NIC's connections in turn, hier/4ch is the fastest, as realise finds. A probe is the
+    faster of the two placements, so it ranks hier/4ch first; with pacing off (the user's) it
+    is the plain program's time."""
+    from dataclasses import replace
+    from compiler.pipeline import PROBED_PLACEMENT, _probe
+    t = topo("dgx2", 2)
+    options = CompileOptions(PlanOptions(method="auto"))
+    scheds = {n: plan(t, make_demand("allgather", 32, 10**6, n), PlanOptions(method="hier")) for n in (1, 2, 4)}
+
+    def timed(s, **kw):
+        return time_program(lower(s, t, LowerOptions(proto="LL", **kw)), t, s.demand.size_bytes).finish_time_s
+    plain = {n: timed(s) for n, s in scheds.items()}
+    unpaced = {n: timed(s, **PROBED_PLACEMENT) for n, s in scheds.items()}
+    assert min(plain, key=plain.get) == 1 and min(unpaced, key=unpaced.get) == 4
+    probes = {n: _probe(s, t, options) for n, s in scheds.items()}
+    assert probes == pytest.approx({n: min(plain[n], unpaced[n]) for n in scheds})
+    assert min(probes, key=probes.get) == 4
+    off = replace(options, lower=replace(options.lower, pace=False))
+    assert _probe(scheds[4], t, off) == pytest.approx(timed(scheds[4], pace=False))
+
+
 def test_a_send_waiting_for_one_link_leaves_its_other_links_to_sends_that_can_go(topo):
     """switch:3 (one thread-block lane per GPU port): rank 0 sends A to rank 2, then rank 1 sends
     B to rank 2 (whose port A holds) and, on another block, C to rank 0. B waits for rank 2's port
