@@ -160,6 +160,27 @@ def test_auto_solves_in_windows_when_the_exact_model_fails(monkeypatch):
     assert m.finish_time_s <= ring.finish_time_s
 
 
+def test_auto_cuts_chunks_into_the_nearest_count_of_whole_elements(monkeypatch):
+    """10^6 bytes of int8 on DGX-2 x 2: chunks of 31,250 bytes, which 4 and 8 sub-chunks would split.
+    auto tries 5 and 10 instead (the nearest counts that do not), rather than stopping at 2; a size
+    every count divides keeps 1, 2, 4, 8, and one none divides keeps the count (to say why)."""
+    from compiler.planners.auto import REFINEMENTS, whole_parts
+    from compiler.planners.registry import PLANNERS
+    assert [whole_parts(31_250, p, 1) for p in REFINEMENTS] == [1, 2, 5, 10]
+    assert [whole_parts(1 << 15, p, 4) for p in REFINEMENTS] == list(REFINEMENTS)
+    assert whole_parts(31, 2, 1) == 2  # 31 bytes: no count in (1, 4) divides them
+
+    def refused(topo, demand, options):
+        raise InfeasibleError("no schedule (test)")
+    for method in ("milp", "rounds"):
+        monkeypatch.setitem(PLANNERS, method, refused)
+    topo = load_topology("dgx2", 2)
+    s = plan(topo, make_demand("allgather", topo.ngpus, 10**6),
+             PlanOptions(method="auto", time_limit=20, element_bytes=1, refine=True))
+    notes = " ".join(s.notes)
+    assert "hier/5ch" in notes and "hier/10ch" in notes and "not whole" not in notes
+
+
 def test_impossible_demands_are_clear_errors(tmp_path):
     import json
     from tests.conftest import run_cli
