@@ -292,6 +292,26 @@ def test_a_probe_ranks_by_the_faster_of_the_plain_and_the_unpaced_placement(topo
     assert _probe(scheds[4], t, off) == pytest.approx(timed(scheds[4], pace=False))
 
 
+def test_of_close_candidates_the_cheapest_is_judged_first():
+    """Judging order: probed candidates by probe, then the others by plan, except that of those
+    within CHEAPER_FIRST of the next in that order the one with the fewest transfers goes first
+    (DGX-2 x 2 allgather 1 GB: hier/10ch planned a hair faster than hier/2ch, which reaches the same
+    program in a quarter of the judging). A candidate well ahead keeps its place, and a probed
+    candidate is never put behind an unprobed one."""
+    from types import SimpleNamespace
+    from compiler.planners.auto import CHEAPER_FIRST, Candidate, judging_order
+
+    def cand(plan_s, transfers):
+        return Candidate(plan_s, 1, f"m{transfers}", SimpleNamespace(transfers=range(transfers)), 0.9)
+    fine, coarse, far = cand(1.000, 1000), cand(1.01, 200), cand(1.5, 100)
+    assert CHEAPER_FIRST * 1.01 <= 1.000 < CHEAPER_FIRST * 1.5
+    assert judging_order([fine, coarse, far], {}) == [coarse, fine, far]
+    a, b = cand(1.0, 1000), cand(1.0, 100)
+    probes = {id(a): 2.0, id(b): 2.5}  # b's probe is 25 % slower: a first despite its transfers
+    unprobed = cand(0.5, 10)
+    assert judging_order([b, unprobed, a], probes) == [a, b, unprobed]
+
+
 def test_a_send_waiting_for_one_link_leaves_its_other_links_to_sends_that_can_go(topo):
     """switch:3 (one thread-block lane per GPU port): rank 0 sends A to rank 2, then rank 1 sends
     B to rank 2 (whose port A holds) and, on another block, C to rank 0. B waits for rank 2's port
