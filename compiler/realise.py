@@ -415,11 +415,11 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         before = timed[leader][1].finish_time_s
         if behind_s is not None and before > CONTENDS * behind_s:
             break  # a count this far behind is not worth another lowering
-        trial, tried = {leader: timed[leader]}, dict(placed)
-        _kept(trial, tried, schedule, topology, replace(placed[leader], rotate_slow=turns), stop_at)
+        rotated, trial = replace(placed[leader], rotate_slow=turns), {leader: timed[leader]}
+        _keep_faster(trial, schedule, topology, rotated, stop_at)
         if trial[leader][1].finish_time_s >= PAYS * before:
             break  # kept only where it pays: a tie in the last bits would change the file for nothing
-        timed[leader], placed[leader] = trial[leader], tried[leader]
+        timed[leader], placed[leader] = trial[leader], rotated
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
         turns += 1
     return reached
