@@ -24,6 +24,7 @@ from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
+from compiler.planners.background import workers
 from compiler.program.timing import ProgramTiming, time_program
 from compiler.realise import Realisation, aimed_runtime, protocols, realise, size_of
 from compiler.program.verify import Verdict, verify
@@ -157,7 +158,8 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
 def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict, by: float) -> float:
     """The time of the program `schedule` realises by `by` (raises CompileError if none fits the runtimes)."""
     r = realise(schedule, topology, options.lower, options.runtime, by,
-                enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes)
+                enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes,
+                workers(options.plan.workers))
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
 
@@ -197,7 +199,8 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
         result = Result(topology, schedule, planned, options.runtime)
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
-                            enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes)
+                            enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes,
+                            workers(options.plan.workers))
     program = r.program
     runtimes = target_runtimes(schedule.demand.collective, options.runtime, topology.vendor)
     verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)

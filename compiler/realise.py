@@ -34,9 +34,11 @@ transfers or more is lowered at each count first with LEAD, every peer on a bloc
 more run in flight (3 where a chunk fits one kernel iteration), only the sends through a NIC
 paced, and a NIC's connections on two channel groups in turn (where its blocks fit; what paid at
 128 to 1,024 GPUs, where a single lowering can take the whole limit); it tries LEAD with the
-other window (3 or 1), then pace_ahead (k > 1), pair_peers and fit_lanes (k > 1), each keeping
-LEAD's NIC choices, at its best count only, in that order, after the search, and at one instance
-its whole chunks over more channel groups (`_grouped`, with LEAD's run ahead: where more
+other window (2 after 3, 3 after 1; from SPARE_CORE_PROGRAM transfers, where realise may use two
+processes, lowered in a second one beside LEAD's first lowering, `_spare`), then pace_ahead
+(k > 1), pair_peers and fit_lanes (k > 1), each keeping LEAD's NIC choices, at its best count
+only, in that order, after the search, and at one instance its whole chunks over more channel
+groups (`_grouped`, with the run ahead of whichever LEAD window paid: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
 counts after the first are lowered for the first's fastest protocol only, and its search runs
 to the deadline, not SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A
@@ -58,6 +60,7 @@ from compiler.model.demand import Demand, demand_chunks
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
+from compiler.planners.background import Background
 from compiler.program.timing import ProgramTiming, call_bytes, time_program
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
@@ -76,6 +79,10 @@ LEAD = {"pair_peers": False, "pace_ahead": 1, "pace_fast": False, "rotate_slow":
 # placement at each count (realise, _lead): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled
 # the XML node limit) and a NIC's connections on two channel groups in turn (chains forward to two peers)
 AHEAD_IN_ONE_ITERATION = 3  # LEAD's runs ahead where a chunk fits one kernel iteration (_lead)
+OTHER_WINDOW = {AHEAD_IN_ONE_ITERATION: 2, 1: AHEAD_IN_ONE_ITERATION}  # the window tried after LEAD's (_lead)
+SPARE_CORE_PROGRAM = 40_000  # transfers from which LEAD's other window is lowered and timed in a second process
+# beside LEAD's own, where realise may use two (below, auto's own second process may be planning beside it)
+SPARE_PATIENCE = 1.5  # past the deadline, the spare is waited for until this many times LEAD's first lowering
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -168,10 +175,24 @@ def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool])
 
 
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
-            deadline: float | None = None, enough_s: float | None = None, element_bytes: int = 4) -> Realisation:
+            deadline: float | None = None, enough_s: float | None = None, element_bytes: int = 4,
+            workers: int = 1) -> Realisation:
     """enough_s: a program time at which the search stops (no other can gain what is left to the bound).
     element_bytes: the data type's size; an instance count whose chunks would split elements at the
-    schedule's size is not tried (divides), and one asked for is an error."""
+    schedule's size is not tried (divides), and one asked for is an error. workers: processes it may
+    use (2: a program of SPARE_CORE_PROGRAM transfers or more has LEAD's other window lowered in a
+    second process, `_spare`)."""
+    spares: list[Background] = []
+    try:
+        return _realise(schedule, topology, options, runtime, deadline, enough_s, element_bytes,
+                        spares if workers >= 2 else None)
+    finally:
+        for b in spares:
+            b.stop()
+
+
+def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str, deadline: float | None,
+             enough_s: float | None, element_bytes: int, spares: list[Background] | None) -> Realisation:
     t0 = time.perf_counter()
     large = len(schedule.transfers) >= LARGE_PROGRAM
     # SEARCH_SECONDS bounds the search where each count is quick; a large program's counts and placements run to
@@ -200,6 +221,8 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
+    counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
+    spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
     while counts:
         k = counts.pop()
         began = time.perf_counter()
@@ -301,8 +324,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
-    other = 1 if lead.get("pace_ahead") == AHEAD_IN_ONE_ITERATION else AHEAD_IN_ONE_ITERATION  # LEAD's other window
-    window = [{**lead, "pace_ahead": other}] if "pace_ahead" in lead else []
+    window = [_other_window(lead)] if "pace_ahead" in lead else []
     placements = (window + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
     for variant in placements + [None]:
@@ -310,15 +332,22 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
             if len(paid) < 2:
                 break
             variant = paid
-        if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s) \
-                or time.perf_counter() + took[k] >= stop_at:
+        if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s):
             break
         own = {p: (program, timing)}
-        placed = replace(base, instances=k, **{**pacing, **variant})
-        mine = _keep_faster(own, schedule, topology, placed, stop_at).get(p)
-        if own[p][1] is not timing:
+        if spare is not None and window and variant is window[0] and k == counts_first:
+            mine = _take_spare(spare, took[k], own)  # lowered beside the search: waited for, not lowered again
+        elif time.perf_counter() + took[k] >= stop_at:
+            break
+        else:
+            placed = replace(base, instances=k, **{**pacing, **variant})
+            mine = _keep_faster(own, schedule, topology, placed, stop_at).get(p)
+        if own[_leader(own)][1] is not timing:
+            p = _leader(own)
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
+        if window and variant is window[0] and mine is not None and mine < plain_s:
+            lead = variant  # the whole chunks are spread over channel groups with the window that paid (_grouped)
         if mine is not None and mine < plain_s and variant is not paid:
             ahead = max(paid.get("pace_ahead", 0), variant.get("pace_ahead", 0))  # the wider window of those that paid
             paid = {**paid, **variant, **({"pace_ahead": ahead} if ahead else {})}
@@ -447,6 +476,50 @@ def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:
     if "pace_ahead" not in LEAD or Costing.of(topology, proto).iterations(chunk) > 1:
         return dict(LEAD)
     return {**LEAD, "pace_ahead": AHEAD_IN_ONE_ITERATION}
+
+
+def _other_window(lead: dict) -> dict:
+    """LEAD with the window tried after its own (OTHER_WINDOW): DGX H100 x 64 1 GB (2 MB chunks, LEAD
+    runs 3 ahead), reduce-scatter 2.998, 2.858 and 2.886 ms with 1, 2 and 3; allgather 2.821, 2.819
+    and 2.787; DGX H100 x 128 allgather (1 MB chunks) 2.991, 2.768 and 2.977."""
+    return {**lead, "pace_ahead": OTHER_WINDOW[lead["pace_ahead"]]}
+
+
+def lower_and_time(schedule: Schedule, topology: Topology, options: LowerOptions) -> tuple[Program, ProgramTiming]:
+    program = lower(schedule, topology, options)
+    return program, time_program(program, topology, size_of(schedule, program))
+
+
+def _spare(schedule: Schedule, topology: Topology, options: LowerOptions, lead: dict,
+           spares: list[Background] | None, stop_at: float) -> tuple[Background, float] | None:
+    """LEAD's other window lowered and timed in a second process (one lowering of 512 GPUs takes
+    about 25 s, and the default limit of 60 s leaves room for one: the second core makes it two),
+    where realise may use two processes and the program has SPARE_CORE_PROGRAM transfers or more."""
+    if spares is None or "pace_ahead" not in lead or len(schedule.transfers) < SPARE_CORE_PROGRAM:
+        return None
+    spares.append(Background.start(lower_and_time, (schedule, topology, replace(options, **_other_window(lead)))))
+    return spares[-1], time.perf_counter(), stop_at
+
+
+def _take_spare(spare: tuple[Background, float, float], took_s: float,
+                timed: dict[str, tuple[Program, ProgramTiming]]) -> float | None:
+    """The time of the spare's program, kept in `timed` where it is the faster of its protocol;
+    None where it sent none in time or its thread blocks did not fit. In time: by the deadline, or
+    where LEAD's own first lowering (took_s) ran past it, as SPARE_PATIENCE times that from the
+    spare's start (the two lowerings are alike: at 1,024 GPUs one takes two minutes, past any limit
+    of a minute, and the other window made 0.967 of the floor where LEAD's made 0.899)."""
+    background, started, stop_at = spare
+    try:
+        got = background.result(max(stop_at, started + SPARE_PATIENCE * took_s))
+    except CompileError:
+        return None
+    if got is None:
+        return None
+    program, timing = got
+    q = program.proto
+    if q not in timed or timing.finish_time_s < timed[q][1].finish_time_s:
+        timed[q] = got
+    return timing.finish_time_s
 
 
 def _leader(timed: dict[str, tuple[Program, ProgramTiming]]) -> str:
