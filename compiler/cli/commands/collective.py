@@ -34,7 +34,8 @@ def configure(p, name: str) -> None:
                         "could gain more than the rest (default 0.98; 1 uses the whole time limit)")
     p.add_argument("--workers", type=positive_int, default=0, metavar="N",
                    help="processes auto may use: 2 plans the optimisers beside the judging of the constructive "
-                        "candidates (default: MSCCL_COMPILE_WORKERS, else 2 where this process may run on two cores)")
+                        "candidates, and from 40,000 transfers lowers a second placement beside the first "
+                        "(default: MSCCL_COMPILE_WORKERS, else 2 where this process may run on two cores)")
     p.add_argument("--max-horizon", type=positive_int, default=None, metavar="K",
                    help="cap on epochs (the horizon is otherwise found from the lower bound)")
     p.add_argument("--multicast", action="store_true",
