@@ -491,7 +491,7 @@ def lower_and_time(schedule: Schedule, topology: Topology, options: LowerOptions
 
 
 def _spare(schedule: Schedule, topology: Topology, options: LowerOptions, lead: dict,
-           spares: list[Background] | None, stop_at: float) -> tuple[Background, float] | None:
+           spares: list[Background] | None, stop_at: float) -> tuple[Background, float, float] | None:
     """LEAD's other window lowered and timed in a second process (one lowering of 512 GPUs takes
     about 25 s, and the default limit of 60 s leaves room for one: the second core makes it two),
     where realise may use two processes and the program has SPARE_CORE_PROGRAM transfers or more."""
