@@ -52,6 +52,7 @@ from compiler.model.program import BUFFERS, PROTOCOLS, STEP_TYPES, GpuProgram, P
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, MAX_CNT, coll_attribute, coll_attributes, collective_of,
                                     NAMES, narrower, target_runtimes)
+from compiler.gcpause import without_gc
 
 __all__ = ["XmlError", "to_xml", "save_xml", "read_xml", "XML_RUNTIMES", "UNLIMITED_MAX_BYTES"]
 
@@ -126,6 +127,7 @@ def runtimes_comment(p: Program) -> str:
     return f"{RUNTIMES_TAG} {' '.join(p.runtimes)}"
 
 
+@without_gc
 def to_xml(program: Program, runtime: str = ALL) -> str:
     """The portable-subset XML text of a Program (ends with a newline)."""
     coll = coll_name(program.collective, runtime)

@@ -29,6 +29,7 @@ from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
+from compiler.gcpause import without_gc
 
 
 class ScheduleError(CompileError):
@@ -135,6 +136,7 @@ _RECENT: dict = {}  # (ids of transfers, demand, topology; proto) -> (those valu
 RECENT = 8  # simulations remembered: auto, realise and compile ask for the same one at up to 1M transfers
 
 
+@without_gc
 def simulate(topology: Topology, schedule: Schedule, proto: str | None = None) -> Metrics:
     """Time `schedule` on `topology` (as the ideal program of MSCCL protocol `proto`, with the
     profile's runtime costs, compiler/analysis/links.py; alpha-beta alone without one); raise

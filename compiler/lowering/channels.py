@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 
@@ -90,21 +92,22 @@ def lane_widths(schedule: Schedule, topology: Topology, levels: list[int], insta
 
 
 def chunk_splits(schedule: Schedule, lanes: list[int], split: int) -> dict[int, int]:
-    """Channel group of each chunk (0..split-1): greedy, least loaded connection first."""
+    """Channel group of each chunk (0..split-1): greedy, chunk by chunk, the group whose most loaded
+    connection of the chunk's is least loaded (then the least total load, then the lowest group)."""
     if split == 1:
         return {}
-    conns: dict[int, list[tuple[int, int, int]]] = {}
+    ids: dict[tuple[int, int, int], int] = {}  # connection (src, dst, lane) -> row of `load`
+    conns: dict[int, list[int]] = {}
     for t, lane in zip(schedule.transfers, lanes):
-        conns.setdefault(t.chunk, []).append((t.src, t.dst, lane))
-    load: dict[tuple, int] = {}
+        conns.setdefault(t.chunk, []).append(ids.setdefault((t.src, t.dst, lane), len(ids)))
+    load = np.zeros((len(ids), split), dtype=np.int64)  # transfers per connection and group so far
     out = {}
     for c in sorted(conns):
-        def cost(j: int) -> tuple[int, int, int]:
-            loads = [load.get((k, j), 0) for k in conns[c]]
-            return (max(loads), sum(loads), j)
-        j = min(range(split), key=cost)
-        for k in conns[c]:
-            load[(k, j)] = load.get((k, j), 0) + 1
+        rows = np.array(conns[c])
+        mine = load[rows]
+        peak, total = mine.max(axis=0).tolist(), mine.sum(axis=0).tolist()
+        j = min(range(split), key=lambda g: (peak[g], total[g], g))
+        np.add.at(load[:, j], rows, 1)
         out[c] = j
     return out
 

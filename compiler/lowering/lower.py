@@ -39,6 +39,7 @@ The same argument with send-and-receive-at-one-key is why msccl-tools' one globa
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -51,11 +52,12 @@ from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
                                     MAX_TBS_PER_CHANNEL, limits_for, narrower, target_runtimes)
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
-from compiler.model.schedule import Schedule
+from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
 from compiler.lowering.channels import Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves
-from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, lower_rank
+from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, lower_rank, same
 from compiler.lowering.merge import merge_runs
+from compiler.gcpause import without_gc
 
 __all__ = ["LowerOptions", "LoweringError", "TooManySteps", "RuntimeLimits", "RUNTIMES", "runtime_limits", "lower"]
 
@@ -158,21 +160,27 @@ def check_transfers(schedule: Schedule, topology: Topology) -> None:
     if ids != list(range(len(ids))):
         raise LoweringError("lowering: demand chunk ids must be 0..n-1 in order")
     holds = {(s, c.id) for c in demand.chunks for s in c.sources}
+    routes: set[tuple[int, ...]] = set()  # paths found to be routes (a million transfers take a few thousand)
     for k, t in enumerate(schedule.transfers):
-        where = f"lowering: schedule transfer {k} (chunk {t.chunk}, rank {t.src} -> {t.dst})"
         if not 0 <= t.chunk < len(ids):
-            raise LoweringError(f"{where}: the demand has no chunk {t.chunk}")
+            raise LoweringError(f"{_transfer(k, t)}: the demand has no chunk {t.chunk}")
         if not (0 <= t.src < demand.ngpus and 0 <= t.dst < demand.ngpus) or t.src == t.dst:
-            raise LoweringError(f"{where}: needs two different ranks in 0..{demand.ngpus - 1}")
+            raise LoweringError(f"{_transfer(k, t)}: needs two different ranks in 0..{demand.ngpus - 1}")
         if t.reduce and not demand.reduce:
-            raise LoweringError(f"{where}: is a reduction but {demand.collective} reduces nothing")
+            raise LoweringError(f"{_transfer(k, t)}: is a reduction but {demand.collective} reduces nothing")
         path = t.path
-        if len(path) < 2 or path[0] != t.src or path[-1] != t.dst or any(topology.is_gpu(v) for v in path[1:-1]) \
-                or not all(topology.has_link(a, b) for a, b in zip(path, path[1:])):
-            raise LoweringError(f"{where}: path {list(path)} is not a route of {topology.name}")
+        if len(path) < 2 or path[0] != t.src or path[-1] != t.dst or path not in routes and (
+                any(topology.is_gpu(v) for v in path[1:-1]) or not all(topology.has_link(a, b)
+                                                                        for a, b in zip(path, path[1:]))):
+            raise LoweringError(f"{_transfer(k, t)}: path {list(path)} is not a route of {topology.name}")
+        routes.add(path)
         if (t.src, t.chunk) not in holds:
-            raise LoweringError(f"{where}: rank {t.src} does not hold the chunk yet")
+            raise LoweringError(f"{_transfer(k, t)}: rank {t.src} does not hold the chunk yet")
         holds.add((t.dst, t.chunk))
+
+
+def _transfer(k: int, t: Transfer) -> str:
+    return f"lowering: schedule transfer {k} (chunk {t.chunk}, rank {t.src} -> {t.dst})"
 
 
 def transfer_levels(schedule: Schedule) -> list[int]:
@@ -324,10 +332,9 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     for m in moves:
         outs[m.src].append(m)
         ins[m.dst].append(m)
-    identity: Callable[[Slot], Slot] = lambda s: s
     codes = []
     for r in range(demand.ngpus):
-        codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or identity,
+        codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
                                 pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast))
         if stop is not None and stop(codes[-1]):
             return codes, False
@@ -369,12 +376,11 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         moves = place(split, rank)
         outs = [m for m in moves if m.src == rank]
         ins = [m for m in moves if m.dst == rank]
-        identity: Callable[[Slot], Slot] = lambda s: s
-        code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or identity,
+        code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
                           options.ring_ids, options.pace_fast)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
-            code = lower_rank(rank, outs, ins, demand, identity, pace, False, lim.max_nodes, options.pair_peers,
+            code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
@@ -383,6 +389,7 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
     return split
 
 
+@without_gc
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
           where: dict | None = None) -> Program:
     """where: if given (and options.instances is 1), filled with schedule transfer index ->
@@ -411,8 +418,10 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     if options.fit_lanes and topology.costs is not None:
         widths = lane_widths(schedule, topology, levels, options.instances, link_lanes(topology, options.proto).__getitem__)
 
+    splits = functools.cache(lambda split: chunk_splits(schedule, lanes, split))  # probe_split's first is lowered
+
     def place(split: int, rank: int | None = None) -> list[Move]:
-        return place_moves(schedule, levels, lanes, chunk_splits(schedule, lanes, split), options.instances,
+        return place_moves(schedule, levels, lanes, splits(split), options.instances,
                            SLOTS[options.proto], topology, widths, rank, options.rotate_slow, split)
 
     split = max(options.groups, first_split(schedule, lanes, lim.max_steps))

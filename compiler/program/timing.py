@@ -36,6 +36,7 @@ from compiler.model.program import RECVS, SENDS, Program
 from compiler.model.topology import Topology
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
+from compiler.gcpause import without_gc
 
 MAX_ITERATIONS = 8  # iterations timed step by step; more are extrapolated
 TIMED_STEPS = 1 << 21  # steps timed at most (over the iterations timed): a large program times fewer, never under 2
@@ -89,6 +90,7 @@ class _Routes:
         return self.known[(a, b)]
 
 
+@without_gc
 def time_program(program: Program, topo: Topology, size_bytes: float, trace: dict | None = None,
                  runtime_costs: bool = True, per_tb: dict | None = None) -> ProgramTiming:
     """trace: if given, filled with (rank, tb, step) -> (start, ready, end of its hold on the links,

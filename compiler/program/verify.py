@@ -21,6 +21,7 @@ from compiler.program.rules import STRUCTURAL, co_residency, static_findings
 from compiler.program.semantics import expected_chunks, root_candidates
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, judged_runtimes
+from compiler.gcpause import without_gc
 
 __all__ = ["Finding", "Verdict", "verify", "dynamic", "postcondition", "standard_demand"]
 
@@ -39,6 +40,7 @@ class Verdict:
         return self.findings[0].message + (f" (and {more} more)" if more else "")
 
 
+@without_gc
 def verify(program: Program, runtime: str = ALL, demand: Demand | None = None, sms: int | None = None) -> Verdict:
     """All static rules for `runtime` (a runtime's name, or ALL = the strictest over the runtimes
     the program declares it targets, else over those that have its collective, see
