@@ -58,9 +58,12 @@ def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) ->
     """Lane of each transfer: its index among the transfers of its GPU pair and level, modulo the
     path's parallel link count."""
     seen: dict[tuple[int, int, int], int] = {}
+    counts: dict[tuple[int, ...], int] = {}  # per path (a million transfers take a few thousand)
     lanes = []
     for t, lvl in zip(schedule.transfers, levels):
-        count = min(topology.link(a, b).count for a, b in zip(t.path, t.path[1:]))
+        count = counts.get(t.path)
+        if count is None:
+            count = counts[t.path] = min(topology.link(a, b).count for a, b in zip(t.path, t.path[1:]))
         key = (t.src, t.dst, lvl)
         k = seen.get(key, 0)
         seen[key] = k + 1

@@ -207,21 +207,23 @@ def alias_map(demand: Demand, rank: int) -> Callable[[Slot], Slot] | None:
 
 def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
     """Sends record where the receiver stores the data, receives where the sender read it."""
-    sent_by = {(code.rank, at): pos for code in codes for pos, at in code.send_at.items()}
-    by_pos = {m.pos: m for m in moves}
+    chains: list[dict] = []  # built at the first rrs (a reduction's chain): (rank, step) -> pos, pos -> move
     landing: dict[int, Slot] = {}
 
-    def land(pos: int) -> Slot:
-        chain = []
+    def land(m: Move) -> Slot:
+        pos, chain = m.pos, []
         while pos not in landing:
-            m = by_pos[pos]
             at = codes[m.dst].recv_at[pos]
             rs = codes[m.dst].step(at)
             if rs.type != "rrs":
                 landing[pos] = rs.dst
                 break
+            if not chains:
+                chains.append({(code.rank, at): pos for code in codes for pos, at in code.send_at.items()})
+                chains.append({m.pos: m for m in moves})
             chain.append(pos)
-            pos = sent_by[(m.dst, at)]
+            pos = chains[0][(m.dst, at)]
+            m = chains[1][pos]
         for p in chain:
             landing[p] = landing[pos]
         return landing[chain[0] if chain else pos]
@@ -230,7 +232,7 @@ def fill_remote_fields(codes: list[RankCode], moves: list[Move]) -> None:
         ss = codes[m.src].step(codes[m.src].send_at[m.pos])
         rs = codes[m.dst].step(codes[m.dst].recv_at[m.pos])
         if ss.type in ("s", "rrs"):
-            ss.dst = land(m.pos)
+            ss.dst = land(m)
         if rs.type == "r":
             rs.src = ss.dst if ss.type in ("rcs", "rrcs") else ss.src
 

@@ -25,7 +25,7 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 AUTO = "auto"  # a protocol or instance count left to the compiler: the fastest program under the cost model
 SLOTS = {"Simple": 2, "LL": 8, "LL128": 8}  # transfers outstanding per connection (msccl-xml.md §7.5)
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Step:
     type: str
     srcbuf: str = "o"

@@ -22,6 +22,7 @@ deep in hops (each costs a network step), and the network carries the same bytes
 
 from __future__ import annotations
 
+import functools
 import time
 
 from compiler.model.demand import Demand
@@ -32,6 +33,7 @@ from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
 from compiler.planners.options import PlanOptions
+from compiler.gcpause import without_gc
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
 
 
@@ -50,6 +52,7 @@ def network_peers(topo: Topology) -> int:
 
 
 @register("hier")
+@without_gc
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
     if topo.nodes < 2:
@@ -88,14 +91,15 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             off = (node - home) % nodes
             cross.append((hops, min(off, nodes - off), off, s % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
+    path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "hier"))  # a million transfers, fewer pairs
     for *_, chunk, a, b in sorted(cross):
-        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
+        ls.add(chunk, a, b, path(a, b))
     for _, chunk, a, b in sorted(local):
-        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
+        ls.add(chunk, a, b, path(a, b))
     ready = ls.ready
     fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
     for chunk, a, b in fanout:
-        ls.add(chunk, a, b, one_transfer_path(topo, a, b, "hier"))
+        ls.add(chunk, a, b, path(a, b))
     how = (f"in {peers // 2} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
            f"remote nodes are more than the {peers} network peers a GPU has room for)" if ring else "to the same-rail GPU")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
