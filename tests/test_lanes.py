@@ -3,6 +3,7 @@ program timer under the runtime cost model, never by wall clock)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from backends.msccl_xml import to_xml
@@ -369,6 +370,24 @@ def test_a_large_program_s_other_window_is_lowered_on_the_second_core(topo, monk
     assert [(o.pace_ahead, o.pair_peers, o.instances) for o in started] == [(3, False, 1)]
     assert here[1] == here[2] + 1  # lowered here with one worker, beside with two
     assert by[2] == by[1] <= other_s.finish_time_s * 1.0001
+
+
+def test_a_large_program_passes_over_a_protocol_its_lowering_would_not_make_faster(topo):
+    """A large program's lowerings take seconds to minutes: a second protocol is lowered only where
+    its ideal program, slowed by the share the first protocol's program lost to lowering, would
+    be faster than that program. Here the first (Simple) is given an ideal 1.5 x below its program
+    and LL128 one 1.2 x below: LL128's ideal is faster than Simple's program, so a small program
+    lowers it, but a large one expects 1.25 x Simple's program from it and passes it over."""
+    import compiler.realise as R
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 24), PlanOptions())
+    program_s = time_program(lower(s, t, LowerOptions(proto="Simple")), t, s.demand.size_bytes).finish_time_s
+    ideal = {"Simple": program_s / 1.5, "LL128": program_s / 1.2}
+    options, far = LowerOptions(proto="Simple"), time.perf_counter() + 600
+    small = R._time_all(s, t, options, ("Simple", "LL128"), far, ideal)
+    large = R._time_all(s, t, options, ("Simple", "LL128"), far, ideal, as_first=True)
+    assert set(small) == {"Simple", "LL128"} and set(large) == {"Simple"}
+    assert large["Simple"][1].finish_time_s == small["Simple"][1].finish_time_s == program_s
 
 
 def test_ring_ids_lay_out_every_rank_s_thread_blocks_alike(topo):
