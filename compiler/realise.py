@@ -40,12 +40,12 @@ processes, lowered in a second one beside LEAD's first lowering, `_spare`), then
 only, in that order, after the search, and at one instance its whole chunks over more channel
 groups (`_grouped`, with the run ahead of whichever LEAD window paid: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
-counts after the first are lowered for the first's fastest protocol only (at the first, another
-protocol only where its ideal program, slowed by the share the first's program lost to lowering,
-would be faster), and its search runs to the deadline, not SEARCH_SECONDS (one lowering and
-timing of 256 GPUs takes 10 s or more). A limit that stops the search is noted, never an error
-unless no program at all fits. One lowering serves every protocol with the same connection slots
-(LL and LL128); the chosen program is verified by the caller.
+counts after the first are lowered for the first's fastest protocol only (at the first, from
+AS_FIRST_PROGRAM transfers, another protocol only where its ideal program, slowed by the share the
+first's program lost to lowering, would be faster), and its search runs to the deadline, not
+SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
+search is noted, never an error unless no program at all fits. One lowering serves every protocol
+with the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ OTHER_WINDOW = {AHEAD_IN_ONE_ITERATION: 2, 1: AHEAD_IN_ONE_ITERATION}  # the win
 SPARE_CORE_PROGRAM = 40_000  # transfers from which LEAD's other window is lowered and timed in a second process
 # beside LEAD's own, where realise may use two (below, auto's own second process may be planning beside it)
 SPARE_PATIENCE = 1.5  # past the deadline, the spare is waited for until this many times LEAD's first lowering
+AS_FIRST_PROGRAM = 40_000  # transfers from which a second protocol is lowered only where its ideal program, slowed
+# by the share the first's program lost to lowering, would be faster (one lowering takes tens of seconds; below, a
+# first protocol far from its ideal, such as a ring alltoall in LL, is no guide to the others)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -197,6 +200,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
              enough_s: float | None, element_bytes: int, spares: list[Background] | None) -> Realisation:
     t0 = time.perf_counter()
     large = len(schedule.transfers) >= LARGE_PROGRAM
+    as_first = len(schedule.transfers) >= AS_FIRST_PROGRAM
     # SEARCH_SECONDS bounds the search where each count is quick; a large program's counts and placements run to
     # the deadline (one lowering and timing of 256 GPUs takes 12 s: 30 s left the second count out)
     stop_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
@@ -236,13 +240,13 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 if lead:  # every peer on a block of its own and one more run in flight, if the blocks fit
                     led = replace(at_k, **lead)
                     try:
-                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, large)
+                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, as_first)
                         at_k = led
                     except CompileError:
                         first.clear()
                 if timed is None:
                     timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
-                                      enough_s, first, large)
+                                      enough_s, first, as_first)
             except TooManySteps:
                 # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
                 # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
@@ -253,7 +257,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                     try:
                         at_k = replace(base, instances=k, **fewer)
                         timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if large else None,
-                                          enough_s, first, large)
+                                          enough_s, first, as_first)
                         break
                     except CompileError:
                         continue
@@ -617,8 +621,8 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
-    is passed over (no program is faster than its ideal); with as_first (a large program, whose
-    lowerings take seconds to minutes), also one whose ideal program, slowed by the share the first
+    is passed over (no program is faster than its ideal); with as_first (AS_FIRST_PROGRAM transfers
+    or more, whose lowerings take tens of seconds), also one whose ideal program, slowed by the share the first
     protocol's program lost to lowering, is no faster (DGX H100 x 64 reduce-scatter: Simple's and
     LL128's programs were 1.067 and 1.065 x their ideals, and LL128's ideal, 2.881 ms, was just
     under Simple's program, 2.886: its 24 s of lowering and timing kept the second process's faster

@@ -373,11 +373,12 @@ def test_a_large_program_s_other_window_is_lowered_on_the_second_core(topo, monk
 
 
 def test_a_large_program_passes_over_a_protocol_its_lowering_would_not_make_faster(topo):
-    """A large program's lowerings take seconds to minutes: a second protocol is lowered only where
-    its ideal program, slowed by the share the first protocol's program lost to lowering, would
-    be faster than that program. Here the first (Simple) is given an ideal 1.5 x below its program
-    and LL128 one 1.2 x below: LL128's ideal is faster than Simple's program, so a small program
-    lowers it, but a large one expects 1.25 x Simple's program from it and passes it over."""
+    """From AS_FIRST_PROGRAM transfers a lowering takes tens of seconds: a second protocol is lowered
+    only where its ideal program, slowed by the share the first protocol's program lost to
+    lowering, would be faster than that program. Here the first (Simple) is given an ideal 1.5 x
+    below its program and LL128 one 1.2 x below: LL128's ideal is faster than Simple's program, so
+    a smaller program lowers it, but a larger one expects 1.25 x Simple's program from it and
+    passes it over."""
     import compiler.realise as R
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 24), PlanOptions())
