@@ -43,7 +43,7 @@ instances would split elements or not fit, a connection still gets several threa
 counts after the first are lowered for the first's fastest protocol only (at the first, from
 AS_FIRST_PROGRAM transfers, another protocol only where its ideal program, slowed by the share the
 first's program lost to lowering, would be faster), and its search runs to the deadline, not
-SEARCH_SECONDS (one lowering and timing of 256 GPUs takes 10 s or more). A limit that stops the
+SEARCH_SECONDS (one lowering and timing of 512 GPUs takes about 15 s). A limit that stops the
 search is noted, never an error unless no program at all fits. One lowering serves every protocol
 with the same connection slots (LL and LL128); the chosen program is verified by the caller.
 """
@@ -202,7 +202,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     large = len(schedule.transfers) >= LARGE_PROGRAM
     as_first = len(schedule.transfers) >= AS_FIRST_PROGRAM
     # SEARCH_SECONDS bounds the search where each count is quick; a large program's counts and placements run to
-    # the deadline (one lowering and timing of 256 GPUs takes 12 s: 30 s left the second count out)
+    # the deadline (one lowering and timing of 256 GPUs took 12 s: 30 s left the second count out)
     stop_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
     protos = protocols(topology, options.proto)
     ideal = {}
@@ -498,9 +498,9 @@ def lower_and_time(schedule: Schedule, topology: Topology, options: LowerOptions
 
 def _spare(schedule: Schedule, topology: Topology, options: LowerOptions, lead: dict,
            spares: list[Background] | None, stop_at: float) -> tuple[Background, float, float] | None:
-    """LEAD's other window lowered and timed in a second process (one lowering of 512 GPUs takes
-    about 25 s, and the default limit of 60 s leaves room for one: the second core makes it two),
-    where realise may use two processes and the program has SPARE_CORE_PROGRAM transfers or more."""
+    """LEAD's other window lowered and timed in a second process beside LEAD's own (one lowering and
+    timing of 512 GPUs takes about 15 s, of 1,024 GPUs a minute and a half), where realise may use
+    two processes and the program has SPARE_CORE_PROGRAM transfers or more."""
     if spares is None or "pace_ahead" not in lead or len(schedule.transfers) < SPARE_CORE_PROGRAM:
         return None
     spares.append(Background.start(lower_and_time, (schedule, topology, replace(options, **_other_window(lead)))))
@@ -512,8 +512,8 @@ def _take_spare(spare: tuple[Background, float, float], took_s: float,
     """The time of the spare's program, kept in `timed` where it is the faster of its protocol;
     None where it sent none in time or its thread blocks did not fit. In time: by the deadline, or
     where LEAD's own first lowering (took_s) ran past it, as SPARE_PATIENCE times that from the
-    spare's start (the two lowerings are alike: at 1,024 GPUs one takes two minutes, past any limit
-    of a minute, and the other window made 0.967 of the floor where LEAD's made 0.899)."""
+    spare's start (the two lowerings are alike: at 1,024 GPUs one takes a minute and a half, past
+    a limit of a minute, and the other window made 0.967 of the floor where LEAD's made 0.899)."""
     background, started, stop_at = spare
     try:
         got = background.result(max(stop_at, started + SPARE_PATIENCE * took_s))
