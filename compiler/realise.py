@@ -622,12 +622,12 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
     is passed over (no program is faster than its ideal); with as_first (AS_FIRST_PROGRAM transfers
-    or more, whose lowerings take tens of seconds), also one whose ideal program, slowed by the share the first
-    protocol's program lost to lowering, is no faster (DGX H100 x 64 reduce-scatter: Simple's and
-    LL128's programs were 1.067 and 1.065 x their ideals, and LL128's ideal, 2.881 ms, was just
-    under Simple's program, 2.886: its 24 s of lowering and timing kept the second process's faster
-    program from arriving by the limit). first: if given, gets the seconds the first protocol took
-    (its lowering and timing: the least another count costs)."""
+    or more, whose lowerings take tens of seconds), also one whose ideal program, slowed by the
+    share the first protocol's program lost to lowering, is no faster (DGX H100 x 64
+    reduce-scatter: Simple's and LL128's programs were 1.067 and 1.065 x their ideals, and LL128's
+    ideal, 2.881 ms, was just under Simple's program, 2.886: its 24 s of lowering and timing kept
+    the second process's faster program from arriving by the limit). first: if given, gets the
+    seconds the first protocol took (its lowering and timing: the least another count costs)."""
     lowered: dict[int, Program] = {}
     out = {}
     t0 = time.perf_counter()

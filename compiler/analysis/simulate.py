@@ -100,7 +100,7 @@ class _Paths:
         if hit is not None and t.path[0] == t.src and t.path[-1] == t.dst:
             return hit
         topo, p = self.topo, t.path
-        where = f"transfer {i}: chunk {t.chunk} {t.src}->{t.dst}: path {list(p)}"
+        where = f"{_where(i, t)}: path {list(p)}"
         if len(p) < 2 or p[0] != t.src or p[-1] != t.dst:
             raise ScheduleError(f"{where} does not run from rank {t.src} to rank {t.dst}")
         inner = [v for v in p[1:-1] if not 0 <= v < topo.nvertices or topo.is_gpu(v)]
