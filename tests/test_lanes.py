@@ -428,3 +428,22 @@ def test_a_large_program_whose_lead_placement_cannot_be_lowered_falls_back_to_th
     r = R.realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
     plain = time_program(lower(s, t, LowerOptions(proto="Simple")), t, s.demand.size_bytes).finish_time_s
     assert r.timing.finish_time_s <= plain * 1.0001 and verify(r.program, "all", s.demand, t.sms).ok
+
+
+def test_a_placement_is_tried_with_the_protocols_that_share_the_leader_s_lowering(topo):
+    """DGX-2 x 2 direct alltoall, 256 KiB: paced, LL's program beats LL128's; unpaced, LL128's beats
+    LL's by a fifth. LL and LL128 share one lowering, so realise times the unpaced placement with
+    both (a timing, not a lowering) and keeps LL128's, which verifies; trying it with the leader
+    alone kept LL's."""
+    t = topo("dgx2", 2)
+    size = 262144
+    s = get("direct")(t, make_demand("alltoall", t.ngpus, size), PlanOptions())
+
+    def timed(proto, **kw):
+        return time_program(lower(s, t, LowerOptions(proto=proto, **kw)), t, size).finish_time_s
+    assert timed("LL") < timed("LL128")
+    unpaced = timed("LL128", pace=False)
+    assert unpaced < 0.85 * timed("LL", pace=False)
+    r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
+    assert r.program.proto == "LL128" and r.timing.finish_time_s <= unpaced * 1.0001
+    assert verify(r.program, "all", s.demand, t.sms).ok
