@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from compiler.analysis.bounds import bound_for, busbw, lower_bound, min_cut
@@ -268,3 +270,69 @@ def test_no_program_beats_the_relay_or_direct_floor(collective):
                     program = lower(s, t, LowerOptions(proto=proto, instances=instances))
                     assert time_program(program, t, size).finish_time_s >= floor * (1 - 1e-9), \
                         (method, proto, instances, size)
+
+
+def test_a_node_s_last_byte_out_pays_the_network_step_after_its_bytes():
+    """DGX-2 x 2 alltoall 256 KiB: node 0 sends 16 x 16 chunks of 8 KiB through its 8 NICs. The
+    last of those bytes is a transfer between nodes, which pays a network alpha and the network's
+    step after them; the floor is the least over the protocols of launch + bytes / (NIC capacity x
+    payload share) + that alpha and step, worked out here from the profile. The direct program,
+    unpaced in LL128, timed by the program timer (an independent judge), takes exactly that: it is
+    optimal under the cost model, where the floor before (the cheapest step of any link) left a
+    quarter of its time unexplained."""
+    from compiler.analysis.links import Costing
+    from compiler.analysis.simulate import program_floor
+    from compiler.lowering.lower import LowerOptions, lower
+    from compiler.planners import PlanOptions, plan
+    from compiler.program.timing import time_program
+    t = load_topology("dgx2", 2)
+    size = 262144
+    b = lower_bound(t, "alltoall", size)
+    nics = sum(n.bandwidth for n in t.nics if n.node == 0)
+    data = 16 * 16 * size / t.ngpus
+    alpha = min(t.path_alpha(p) for p in t.paths(0, 16))
+
+    def across(proto):
+        c = Costing.of(t, proto)
+        return c.launch + data / (nics * c.efficiency) + alpha + dict(c.cost.step)["network"]
+    floor = program_floor(t, b)
+    assert floor == pytest.approx(min(across(p) for p in t.costs.names))
+    assert floor > program_floor(t, replace(b, across_s=0.0)) * 1.2
+    s = plan(t, make_demand("alltoall", t.ngpus, size), PlanOptions(method="direct"))
+    best = time_program(lower(s, t, LowerOptions(proto="LL128", pace=False)), t, size).finish_time_s
+    assert best == pytest.approx(floor, rel=1e-9)
+
+
+def test_a_link_between_nodes_outside_the_network_drops_the_node_cut_term():
+    """Where a path joins two nodes without the network switch (here one NVLink added from GPU 0 to
+    GPU 16), a byte leaving a node need not pay the network's step: the node cut term is 0."""
+    from compiler.model.topology import Link
+    t = load_topology("dgx2", 2)
+    assert lower_bound(t, "alltoall", 262144).across_s > 0
+    joined = replace(t, links=t.links + (Link(0, 16, 25e9, 0.7e-6, 1, "nvlink"),))
+    assert lower_bound(joined, "alltoall", 262144).across_s == 0.0
+
+
+@pytest.mark.parametrize("hw", ["dgx2", "dgx-h100"])
+def test_no_program_beats_the_node_cut_floor(hw):
+    """The node cut term binds DGX-2 x 2 and DGX H100 x 2 alltoall, reduce-scatter and allgather
+    from a few hundred KB: direct, hier and ring programs in every protocol, paced and not, at one
+    and two instances, timed by the program timer, are never under it."""
+    from compiler.analysis.simulate import program_floor
+    from compiler.lowering.lower import LowerOptions, lower
+    from compiler.planners import PlanOptions, plan
+    from compiler.program.timing import time_program
+    t = load_topology(hw, 2)
+    for collective, methods in (("alltoall", ("direct",)), ("reduce_scatter", ("direct", "ring")),
+                                ("allgather", ("hier", "direct"))):
+        for size in (2**18, 2**22):
+            b = lower_bound(t, collective, size)
+            floor = program_floor(t, b)
+            assert b.across_s > 0
+            for method in methods:
+                s = plan(t, make_demand(collective, t.ngpus, size), PlanOptions(method=method, time_limit=5))
+                for proto in t.costs.names:
+                    for kw in ({}, {"pace": False}, {"instances": 2, "pace": False}):
+                        program = lower(s, t, LowerOptions(proto=proto, **kw))
+                        assert time_program(program, t, size).finish_time_s >= floor * (1 - 1e-9), \
+                            (collective, method, proto, kw, size)

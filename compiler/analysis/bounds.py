@@ -27,7 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import dijkstra, maximum_flow, shortest_path
+from scipy.sparse.csgraph import connected_components, dijkstra, maximum_flow, shortest_path
 
 from compiler.model.demand import Demand, make_demand
 from compiler.specs.collectives import bus_factor, spec
@@ -52,6 +52,11 @@ class Bound:
     # per protocol of the runtime cost model: the latency bound where every transfer of a chain
     # also pays its step latency (by the kind of link it crosses); empty without runtime costs
     chains_s: tuple[tuple[str, float], ...] = ()
+    # the cut bound of whole nodes alone, and the least alpha of a transfer between nodes, where
+    # every such transfer crosses a network link (`across_nodes`; runtime_floor adds the network's
+    # step to it); 0 on one node
+    across_s: float = 0.0
+    across_alpha_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -284,6 +289,48 @@ def cut_bound(topo: Topology, traffic: Traffic) -> tuple[float, str, str]:
     return float(t[i]), f"cut: {_describe(topo, members)} -> rest, {cap[i] / 1e9:.4g} GB/s", method
 
 
+def network_between_nodes(topo: Topology) -> bool:
+    """Whether every transfer between two nodes crosses a network link: no path joins GPUs of two
+    nodes without a network switch, and every link into or out of one is of the network kind."""
+    network = {topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "network"}
+    edge = [l.kind for l in topo.links if l.src in network or l.dst in network]
+    if topo.nodes < 2 or not edge or any(k != "network" for k in edge):
+        return False
+    keep = [l for l in topo.links if l.src not in network and l.dst not in network]
+    graph = csr_matrix((np.ones(len(keep)), ([l.src for l in keep], [l.dst for l in keep])),
+                       shape=(topo.nvertices, topo.nvertices))
+    _, label = connected_components(graph, directed=False)
+    nodes_of = {}
+    for g in range(topo.ngpus):
+        nodes_of.setdefault(label[g], set()).add(topo.node_of(g))
+    return all(len(n) == 1 for n in nodes_of.values())
+
+
+def across_nodes(topo: Topology, traffic: Traffic) -> float:
+    """The cut bound of single nodes alone (what must leave or enter a node over its max flow to
+    the rest), where every transfer between nodes crosses a network link (network_between_nodes),
+    else 0: the last byte over such a cut is a transfer between nodes, which pays the network's
+    step latency under the runtime cost model (links.runtime_floor), where the cut bound's other
+    sets may be crossed by transfers inside a node."""
+    if not network_between_nodes(topo):
+        return 0.0
+    per, net, sym, seen = topo.gpus_per_node, _FlowNet(topo), node_symmetry(topo), {}
+    worst = 0.0
+    for node in range(topo.nodes):
+        members = tuple(range(node * per, (node + 1) * per))
+        inside = np.zeros((2, topo.ngpus), dtype=bool)
+        inside[0, list(members)] = True  # what leaves the node
+        inside[1] = ~inside[0]  # what enters it
+        for row, data in enumerate(traffic.leaving(inside)):
+            if data <= 0:
+                continue
+            key = (sym.pattern(members) if sym is not None else members, row)  # alike under node permutations
+            if key not in seen:
+                seen[key] = net.flow(np.flatnonzero(inside[row]).tolist(), np.flatnonzero(~inside[row]).tolist())
+            worst = max(worst, float(data) / seen[key])
+    return worst
+
+
 def group_bound(topo: Topology, traffic: Traffic) -> tuple[float, str]:
     """Ingress and egress of single GPUs and of GPU groups that share a NIC or a package."""
     need_in, need_out = traffic.need_in(), traffic.need_out()
@@ -322,7 +369,7 @@ def _bandwidth_bounds(topo: Topology, traffic: Traffic) -> tuple:
     if key not in _BANDWIDTH_CACHE:
         if len(_BANDWIDTH_CACHE) >= 64:
             _BANDWIDTH_CACHE.clear()
-        _BANDWIDTH_CACHE[key] = cut_bound(topo, traffic) + group_bound(topo, traffic)
+        _BANDWIDTH_CACHE[key] = cut_bound(topo, traffic) + group_bound(topo, traffic) + (across_nodes(topo, traffic),)
     return _BANDWIDTH_CACHE[key]
 
 
@@ -389,7 +436,7 @@ def _one_transfer_alphas(topo: Topology) -> np.ndarray:
 
 def bound_for(topo: Topology, demand: Demand) -> Bound:
     traffic = Traffic.of(demand)
-    bw_cut, why_cut, method, bw_grp, why_grp = _bandwidth_bounds(topo, traffic)
+    bw_cut, why_cut, method, bw_grp, why_grp, across = _bandwidth_bounds(topo, traffic)
     bw, why = (bw_cut, why_cut) if bw_cut >= bw_grp else (bw_grp, why_grp)
     dist = alpha_distances(topo)
     pairs = traffic.pairs()
@@ -402,8 +449,11 @@ def bound_for(topo: Topology, demand: Demand) -> Bound:
     relayed = relayed_or_direct_s(topo, traffic, chained)
     chains = tuple((p, max(float(d[pairs].max()) if pairs.any() else 0.0, relayed.get(p, 0.0)))
                    for p, d in chained.items())
+    node = np.arange(topo.ngpus) // topo.gpus_per_node
+    between = node[:, None] != node[None, :]
+    across_alpha = float(dist[between].min()) if across > 0 else 0.0
     return Bound(demand.collective, demand.size_bytes, max(latency, bw + alpha), bw, latency, alpha, why, method,
-                 chains)
+                 chains, across, across_alpha)
 
 
 RELAY_MAX_GPUS = 128  # relayed_or_direct_s compares every two-transfer chain: n^3 sums
@@ -541,7 +591,7 @@ def lower_bound(topo: Topology, collective: str, size_bytes: int, root: int | No
     bw = sum(b.bandwidth_s for b in parts)
     return Bound(demand.collective, size_bytes, max(last.latency_s, bw + last.alpha_s), bw, last.latency_s,
                  last.alpha_s, " + ".join(f"{p.replace('_', '-')} ({b.binding})" for p, b in zip(phases, parts)),
-                 last.method, last.chains_s)
+                 last.method, last.chains_s, sum(b.across_s for b in parts), last.across_alpha_s)
 
 
 def busbw(collective: str, ngpus: int, algbw: float) -> float:

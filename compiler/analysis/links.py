@@ -85,11 +85,13 @@ def ideal_transfer(costing: Costing, nbytes: float, bandwidth: float, alpha: flo
 
 
 def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s: float,
-                  chain_s=None) -> float | None:
+                  chain_s=None, across: tuple[float, float] = (0.0, 0.0)) -> float | None:
     """The least time any program can take under the runtime cost model, from an alpha-beta bound's
     parts: the best protocol's launch, its payload efficiency on the bandwidth term, and at least one
     step's synchronisation (every transfer pays one); chain_s(proto), where given, is the latency
-    bound with every transfer of a chain paying its step (bounds.Bound.chain_s). None without
+    bound with every transfer of a chain paying its step (bounds.Bound.chain_s). across: (seconds,
+    alpha) of the node cuts, whose last byte is carried by a transfer between nodes: it pays the
+    network's step and at least that alpha after its bytes (bounds.across_nodes). None without
     runtime costs."""
     if topo.costs is None:
         return None
@@ -98,6 +100,9 @@ def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s:
         c = Costing.of(topo, name)
         step = min(v for _, v in c.cost.step)
         latency = latency_s + step if chain_s is None else max(latency_s + step, chain_s(name))
-        t = c.launch + max(latency, bandwidth_s / c.efficiency + alpha_s + step)
+        bandwidth = bandwidth_s / c.efficiency + alpha_s + step
+        if across[0] > 0:
+            bandwidth = max(bandwidth, across[0] / c.efficiency + across[1] + c.step(NETWORK))
+        t = c.launch + max(latency, bandwidth)
         best = t if best is None else min(best, t)
     return best

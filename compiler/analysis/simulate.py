@@ -67,7 +67,8 @@ class Metrics:
 def program_floor(topo: Topology, bound: Bound) -> float:
     """The bound a program is held to: the alpha-beta bound plus what every program of the runtime
     cost model pays at least (links.runtime_floor); the alpha-beta bound without costs."""
-    floor = runtime_floor(topo, bound.latency_s, bound.bandwidth_s, bound.alpha_s, bound.chain_s)
+    floor = runtime_floor(topo, bound.latency_s, bound.bandwidth_s, bound.alpha_s, bound.chain_s,
+                          (bound.across_s, bound.across_alpha_s))
     return bound.time_s if floor is None else max(bound.time_s, floor)
 
 
