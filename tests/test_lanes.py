@@ -447,3 +447,16 @@ def test_a_placement_is_tried_with_the_protocols_that_share_the_leader_s_lowerin
     r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
     assert r.program.proto == "LL128" and r.timing.finish_time_s <= unpaced * 1.0001
     assert verify(r.program, "all", s.demand, t.sms).ok
+
+
+def test_where_no_doubling_splits_whole_elements_a_count_below_one_does(topo):
+    """DGX H100 x 2 hier allgather, 10^6 B of float32: chunks of 15,625 elements, which 2, 4, 8,
+    16 and 32 instances would split (the runtimes would run NCCL's own algorithm). realise tries
+    5 (the nearest below 8 that divides) and keeps it: its program verifies and beats one instance's
+    best by over a fifth."""
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 10**6), PlanOptions())
+    r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
+    assert r.instances == 5
+    assert r.timing.finish_time_s < 0.8 * min(x for _, k, x in r.tried if k == 1)
+    assert verify(r.program, "all", s.demand, t.sms).ok

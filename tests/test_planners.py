@@ -181,6 +181,24 @@ def test_auto_cuts_chunks_into_the_nearest_count_of_whole_elements(monkeypatch):
     assert "hier/5ch" in notes and "hier/10ch" in notes and "not whole" not in notes
 
 
+def test_auto_goes_past_a_chunking_that_splits_elements_to_one_that_does_not(monkeypatch):
+    """10^6 bytes of float32 on DGX H100 x 2: chunks of 62,500 bytes (15,625 elements), which 2
+    sub-chunks would split; the 4x and 8x refinements become 5x (whole_parts). auto says why it
+    leaves 2x out and still plans 5x, rather than stopping at the first chunking that splits."""
+    from compiler.planners.auto import REFINEMENTS, whole_parts
+    from compiler.planners.registry import PLANNERS
+    assert [whole_parts(62_500, p, 4) for p in REFINEMENTS] == [1, 2, 5, 5]
+
+    def refused(topo, demand, options):
+        raise InfeasibleError("no schedule (test)")
+    for method in ("milp", "rounds", "lp"):
+        monkeypatch.setitem(PLANNERS, method, refused)
+    topo = load_topology("dgx-h100", 2)
+    s = plan(topo, make_demand("allgather", topo.ngpus, 10**6), PlanOptions(method="auto", time_limit=20, refine=True))
+    notes = " ".join(s.notes)
+    assert "2x finer chunks (31250 B is not whole 4-byte elements)" in notes and "hier/5ch" in notes
+
+
 def test_impossible_demands_are_clear_errors(tmp_path):
     import json
     from tests.conftest import run_cli

@@ -219,11 +219,15 @@ def test_instances_keep_whole_elements_in_every_chunk(topo):
 
 
 def test_an_uneven_saturating_count_gives_way_to_the_even_one_below_and_uneven_doublings_go():
+    """Where no doubling fits, the doublings up to the largest saturating count give way too."""
     from compiler.realise import whole_counts
     fits = lambda k: 5**9 * 2 % k == 0  # noqa: E731  (2, 5, 10, 25 up to 32)
     # DGX A100 at 1 GB: the port's 13 becomes 10, the NIC's 3 has none in (1.5, 3], of the doublings only 2 is even
     assert whole_counts({13}, {13, 3}, fits) == ([10, 2], [13, 3, 4, 8, 16, 32])
     assert whole_counts(set(), set(), lambda k: k == 31) == ([], [2, 4, 8, 16, 32])  # 1 KB in bytes: no doubling
+    # 10^6 B of float32 on 16 GPUs: no doubling splits 15,625 elements; 8 gives way to 5 (up to the saturating 18)
+    fits = lambda k: 15625 % k == 0  # noqa: E731
+    assert whole_counts({18}, {18, 4}, fits) == ([5], [18, 2, 4, 8, 16, 32])
 
 
 @pytest.mark.parametrize("depid", ["missing block", "missing step"])
