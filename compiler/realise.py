@@ -171,19 +171,21 @@ def even_below(c: int, fits: Callable[[int], bool]) -> int | None:
     return next((d for d in range(c, c // 2, -1) if d > 1 and fits(d)), None)
 
 
-def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool],
+                 most: int | None = None) -> tuple[list[int], list[int]]:
     """instance_order of the saturating counts `first` and `others`, each replaced by even_below,
-    with the counts that do not fit dropped; where no doubling fits, the doublings up to the largest
-    saturating count are replaced by even_below too (10^6 B of float32 on DGX H100 x 2 has
-    15,625-element chunks, which no doubling splits and 5, for 8, does: at one instance its
-    allgather's program was 1.38x slower; past the saturating counts, or where there are none,
-    more instances only cut latency-bound chunks finer); and the counts instance_order gives that
-    do not fit."""
+    with the counts that do not fit dropped; where no doubling fits, the doublings up to `most`
+    (default: the largest of those counts; realise passes the topology's largest saturating count)
+    are replaced by even_below too (10^6 B of float32 on DGX H100 x 2 has 15,625-element chunks,
+    which no doubling splits and 5, for 8, does: at one instance its allgather's program was 1.38x
+    slower; past the counts that fill a link, a count only cuts small chunks finer: 31 B chunks
+    in 31 instances); and the counts instance_order gives that do not fit."""
     near = lambda cs: {d for d in (even_below(c, fits) for c in cs) if d is not None}  # noqa: E731
     order = instance_order(near(first), near(others))
     doublings = [2 ** i for i in range(1, MAX_INSTANCES.bit_length())]
     if not any(fits(c) for c in doublings):
-        order += [even_below(c, fits) for c in doublings if c <= max(first | others, default=1)]
+        most = max(first | others, default=1) if most is None else most
+        order += [even_below(c, fits) for c in doublings if c <= most]
     return ([c for c in dict.fromkeys(order) if c is not None and fits(c)],
             [c for c in instance_order(first, others) if not fits(c)])
 
@@ -304,7 +306,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
             counts, uneven = whole_counts(*((set(), set()) if _latency_bound(timing, topology) else
                                             (saturating_counts(topology, (p,)), saturating_counts(topology, protos))),
-                                          fits)
+                                          fits, max(saturating_counts(topology, protos), default=1))
             counts = counts[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"

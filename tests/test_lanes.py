@@ -459,4 +459,4 @@ def test_where_no_doubling_splits_whole_elements_a_count_below_one_does(topo):
     r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
     assert r.instances == 5
     assert r.timing.finish_time_s < 0.8 * min(x for _, k, x in r.tried if k == 1)
-    assert verify(r.program, "all", s.demand, t.sms).ok
+    assert verify(r.program, "all", s.demand.split(5), t.sms).ok
