@@ -289,7 +289,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         else:
             plain_s = _fastest_s(timed)
             reached = _placements(timed, schedule, topology, at_k, large, gated,
-                                  stop_at, began, best[0] if best else None, enough_s, first[0]) or reached
+                                  stop_at, began, best[0] if best else None, enough_s, first[0], ideal) or reached
             gain = max(gain, plain_s / _fastest_s(timed))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p = _leader(timed)
@@ -325,7 +325,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     if deferred is not None and enough is None and (enough_s is None or best[0] > enough_s) \
             and _fastest_s(deferred) / gain <= CONTENDS * best[0]:
         _placements(deferred, schedule, topology, replace(base, instances=1), large, gated, stop_at,
-                    time.perf_counter() - took[1], None, enough_s, took[1])
+                    time.perf_counter() - took[1], None, enough_s, took[1], ideal)
         q = _leader(deferred)
         prog, timing = deferred[q]
         tried = [t for t in tried if t[1] != 1] + [(p, 1, t.finish_time_s) for p, (_, t) in deferred.items()]
@@ -409,7 +409,8 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
 
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                 options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
-                behind_s: float | None, enough_s: float | None, lowering_s: float) -> bool:
+                behind_s: float | None, enough_s: float | None, lowering_s: float,
+                ideal: dict[str, float] | None = None) -> bool:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
     with the count's best protocol only (each is one more lowering; with every protocol they doubled
     the time auto spends judging a candidate, and it judged fewer; and the largest gains are theirs,
@@ -436,7 +437,7 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
             continue  # a count this far behind is not worth another lowering
         got = _kept(timed, placed, schedule, topology, replace(options, **variant), stop_at,
-                    _sharing(timed, leader) if best_only else None)
+                    _contenders(timed, leader, ideal) if best_only else None)
         kind = "pace" if "pace" in variant else next(iter(variant))
         mine = got.get(leader)
         if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
@@ -449,7 +450,8 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     if len(paid) > 1 and not reached and time.perf_counter() + lowering_s < stop_at:  # one lowering's time left
         leader = _leader(timed)
         together = {key: v for _, variant in paid.values() for key, v in variant.items()}
-        _kept(timed, placed, schedule, topology, replace(options, **together), stop_at, _sharing(timed, leader))
+        _kept(timed, placed, schedule, topology, replace(options, **together), stop_at,
+              _contenders(timed, leader, ideal))
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
     turns = 2
     while gated and not large and not reached and turns <= MAX_TURNS and time.perf_counter() + lowering_s < stop_at:
@@ -471,12 +473,17 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     return reached
 
 
-def _sharing(timed: dict[str, tuple[Program, ProgramTiming]], leader: str) -> tuple[str, ...]:
-    """The leader and the protocols in `timed` that share its lowering (the same connection slots:
-    LL and LL128): trying a placement with them costs a timing, not a lowering, and the leader's
-    placement need not be theirs (DGX-2 x 2 alltoall 256 KB direct: paced, LL's program was the
-    faster, 74.7 us against LL128's 92.5; unpaced, LL128's is 43.0 us against LL's 53.8)."""
-    return (leader,) + tuple(p for p in timed if p != leader and SLOTS[p] == SLOTS[leader])
+def _contenders(timed: dict[str, tuple[Program, ProgramTiming]], leader: str,
+                ideal: dict[str, float] | None) -> tuple[str, ...]:
+    """The protocols a placement is tried with: the leader; those in `timed` that share its lowering
+    (the same connection slots: LL and LL128), which costs a timing, not a lowering; and the others
+    whose ideal program beats the leader's program, which costs one. The leader's placement need
+    not be theirs: DGX-2 x 2 alltoall direct, 256 KB: paced, LL's program beat LL128's (74.7 us
+    against 92.5), unpaced LL128's is 43.0 us against LL's 53.8; 4 MB: paced, LL128's (361.9 us)
+    beat Simple's (405.0), unpaced Simple's is 345.0, its ideal and the floor."""
+    lead_s = timed[leader][1].finish_time_s
+    return (leader,) + tuple(p for p in timed if p != leader and (
+        SLOTS[p] == SLOTS[leader] or (ideal is not None and ideal.get(p, lead_s) < lead_s)))
 
 
 def _kept(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,

@@ -152,5 +152,6 @@ def run_bound(args) -> int:
         print(f"algbw <= {out['algbw_GBps']:.2f} GB/s, busbw <= {out['busbw_GBps']:.2f} GB/s; binding: {b.binding} ({b.method})")
         if b.across_s > 0:
             print(f"across nodes: bandwidth {format_time(b.across_s)} + alpha {format_time(b.across_alpha_s)} "
-                  "(the last byte out of or into a node crosses the network and pays its step under the runtime cost model)")
+                  "(the last byte out of or into a node crosses the network and pays its step under the runtime "
+                  "cost model)")
     return 0
