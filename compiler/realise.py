@@ -412,9 +412,10 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                 behind_s: float | None, enough_s: float | None, lowering_s: float,
                 ideal: dict[str, float] | None = None) -> bool:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
-    with the count's best protocol only (each is one more lowering; with every protocol they doubled
-    the time auto spends judging a candidate, and it judged fewer; and the largest gains are theirs,
-    where small sends are latency-bound), each placement alone, then the best of each kind that
+    with the count's best protocol and `_contenders` only (each is one more lowering; with every
+    protocol they doubled the time auto spends judging a candidate, and it judged fewer; and the
+    largest gains are theirs, where small sends are latency-bound; ideal: each protocol's ideal
+    program, for _contenders), each placement alone, then the best of each kind that
     paid together (greedily on top of each other they lose where a first one that pays alone spoils
     a better second: pace_ahead before gate_slow). A large program tries them at its best count
     only (realise). behind_s: the pacing placements are not tried for a count whose program is over
