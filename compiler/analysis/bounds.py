@@ -289,6 +289,7 @@ def cut_bound(topo: Topology, traffic: Traffic) -> tuple[float, str, str]:
     return float(t[i]), f"cut: {_describe(topo, members)} -> rest, {cap[i] / 1e9:.4g} GB/s", method
 
 
+@lru_cache(maxsize=8)
 def network_between_nodes(topo: Topology) -> bool:
     """Whether every transfer between two nodes crosses a network link: no path joins GPUs of two
     nodes without a network switch, and every link into or out of one is of the network kind."""
@@ -568,14 +569,12 @@ def hop_steps(topo: Topology, proto: str) -> tuple[float, float]:
     """The least step latency a transfer of `proto` pays (program/timing.py charges the kind of the
     link it crosses, links.path_kind): within a node, the cheapest kind but the network's (two GPUs
     of one node never talk through it); across nodes, the network's where every link into or out
-    of the network switches is a network link (a transfer between nodes crosses one)."""
+    of the network switches is a network link and no path joins two nodes outside them
+    (network_between_nodes)."""
     cost = topo.costs.protocol(proto)
     kinds = dict(cost.step)
     inside = min((v for k, v in kinds.items() if k != "network"), default=min(kinds.values()))
-    network = {topo.ngpus + i for i, s in enumerate(topo.switches) if s.kind == "network"}
-    edge = [l.kind for l in topo.links if l.src in network or l.dst in network]
-    across = kinds["network"] if edge and all(k == "network" for k in edge) and "network" in kinds \
-        else min(kinds.values())
+    across = kinds["network"] if "network" in kinds and network_between_nodes(topo) else min(kinds.values())
     return inside, across
 
 
