@@ -6,6 +6,8 @@ published figures use)."""
 
 from __future__ import annotations
 
+import json
+import platform
 import time
 
 from compiler.analysis.bounds import bound_for
@@ -43,3 +45,14 @@ def ours_ring_bound(topo, demand, time_limit: float, xml: bool = True, element_b
             "ring_algbw_GBps": size / ring.time_s / 1e9, "ring_ratio": ring.bound_ratio,
             "ring": figures(ring), "bound_s": bound.time_s, "bound_algbw_GBps": demand.size_bytes / bound.time_s / 1e9,
             "binding": bound.binding, "notes": list(ours.notes[:2])}
+
+
+def candidate_label(row: dict) -> str:
+    """ours as the tables print it: method/chunks/protocol x instances."""
+    return f"{row['method']}/{row['chunks']}ch/{row['proto']}x{row['instances']}"
+
+
+def save_rows(path: str, rows: list[dict], **meta) -> None:
+    """The rows as JSON, after this machine's name and `meta` (time limit, size)."""
+    with open(path, "w") as f:
+        json.dump({"machine": platform.node(), **meta, "rows": rows}, f, indent=1)

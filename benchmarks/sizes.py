@@ -8,14 +8,13 @@ split into powers of two), ours (auto) against the ring baseline and the program
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ours_ring_bound  # noqa: E402
+from benchmarks.common import candidate_label, ours_ring_bound, save_rows  # noqa: E402
 from compiler.model.demand import make_demand  # noqa: E402
 from compiler.model.profiles import load_topology  # noqa: E402
 from compiler.specs.units import parse_size  # noqa: E402
@@ -50,13 +49,12 @@ def main(argv=None) -> int:
                 r = {"system": name, "collective": coll, "size": text, "size_bytes": size,
                      **ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), args.time_limit)}
                 rows.append(r)
-                ours = f"{r['method']}/{r['chunks']}ch/{r['proto']}x{r['instances']}"
+                ours = candidate_label(r)
                 print(f"{name:<12} {coll:<15} {text:>6} {ours:<22} {r['wall_s']:>6.1f} {r['algbw_GBps']:>8.4g} "
                       f"{r['bound_ratio']:>6.3f} {r['planned_ratio']:>7.3f} {r['ring_algbw_GBps']:>8.4g} "
                       f"{r['ring_ratio']:>6.3f}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": platform.node(), "time_limit_s": args.time_limit, "rows": rows}, f, indent=1)
+        save_rows(args.json, rows, time_limit_s=args.time_limit)
     return 0
 
 

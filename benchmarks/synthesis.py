@@ -7,14 +7,13 @@ ours (auto: solve time, algbw, bound ratio), the ring baseline, and the lower bo
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ours_ring_bound  # noqa: E402
+from benchmarks.common import candidate_label, ours_ring_bound, save_rows  # noqa: E402
 from compiler.model.demand import make_demand  # noqa: E402
 from compiler.model.profiles import load_topology  # noqa: E402
 from compiler.specs.units import parse_size  # noqa: E402
@@ -46,15 +45,13 @@ def main(argv=None) -> int:
             r = run_case(hw, nodes, coll, size, args.time_limit)
             rows.append(r)
             system = hw if nodes == 1 else f"{hw} x{nodes}"
-            ours = f"{r['method']}/{r['chunks']}ch/{r['proto']}x{r['instances']}"
+            ours = candidate_label(r)
             print(f"{system:<12} {coll:<10} {ours:<21} {r['wall_s']:>7.1f} {r['algbw_GBps']:>8.2f} "
                   f"{r['bound_ratio']:>6.3f} {r['planned_algbw_GBps']:>8.2f} "
                   f"{r['time_s'] / r['planned_time_s']:>9.2f} {r['ring_algbw_GBps']:>8.2f} {r['ring_ratio']:>6.3f} "
                   f"{r['bound_algbw_GBps']:>8.2f}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": platform.node(), "size": args.size, "time_limit_s": args.time_limit, "rows": rows},
-                      f, indent=1)
+        save_rows(args.json, rows, size=args.size, time_limit_s=args.time_limit)
     return 0
 
 

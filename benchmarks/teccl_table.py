@@ -16,14 +16,13 @@ without switch copies.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ours_ring_bound  # noqa: E402
+from benchmarks.common import candidate_label, ours_ring_bound, save_rows  # noqa: E402
 from compiler.model.demand import make_demand  # noqa: E402
 from compiler.model.profiles import load_topology  # noqa: E402
 from compiler.specs.units import parse_size  # noqa: E402
@@ -71,14 +70,13 @@ def main(argv=None) -> int:
             rows.append(r)
             taccl = f"{r['taccl_algbw_GBps']:.4g}" if r["taccl_algbw_GBps"] is not None else "n/a"
             mark = "" if r["beats_teccl"] else "  < TE-CCL"
-            how = f"{r['method']}/{r['chunks']}ch/{r['proto']}x{r['instances']}"
+            how = candidate_label(r)
             print(f"{coll:<10} {label:>6} {how:<19} {r['wall_s']:>7.1f} {r['algbw_GBps']:>8.4g} {r['bound_ratio']:>6.3f} "
                   f"{r['planned_algbw_GBps']:>8.4g} {r['alpha_beta_algbw_GBps']:>8.4g} {r['ring_algbw_GBps']:>8.4g} "
                   f"{r['bound_algbw_GBps']:>8.4g} {r['teccl_algbw_GBps']:>8.4g} {r['teccl_solver_s']:>7.0f} "
                   f"{taccl:>8}{mark}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": platform.node(), "time_limit_s": args.time_limit, "rows": rows}, f, indent=1)
+        save_rows(args.json, rows, time_limit_s=args.time_limit)
     return 0
 
 
