@@ -63,9 +63,9 @@ def nothing_to_move(topo: Topology, demand: Demand, method: str) -> Schedule:
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     """Plan `demand` with options.method, handling reductions for planners that only move copies.
     The plan returns by options.deadline, or time_limit seconds from now where none is set."""
-    planner = get(options.method)  # imported before the clock starts, as compiler.pipeline.compile does
     if options.deadline is None:
         options = replace(options, deadline=time.perf_counter() + options.time_limit)
+    planner = get(options.method)
     if moves_nothing(demand):
         return nothing_to_move(topo, demand, options.method)
     if not demand.reduce or options.method in NATIVE_REDUCTIONS or options.method == "auto":
