@@ -24,7 +24,6 @@ from compiler.model.program import AUTO, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners import PlanOptions, plan
-from compiler.planners.registry import get
 from compiler.planners.background import workers
 from compiler.program.timing import ProgramTiming, time_program
 from compiler.realise import Realisation, aimed_runtime, protocols, realise, size_of
@@ -143,7 +142,6 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
     judged: dict[int, tuple[Schedule, Realisation]] = {}
     plan_options = options.plan
     if options.xml and not options.plan.multicast:
-        get(plan_options.method)  # import the planner first: cvxpy takes 1.7 s (more under load), none of it planning
         now = time.perf_counter()
         end = plan_options.deadline or now + plan_options.time_limit  # the promise, lowering included
         options = replace(options, plan=replace(plan_options, deadline=end))
