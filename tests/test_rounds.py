@@ -4,7 +4,6 @@ the ring baseline, and the concatenation of its windows."""
 import pytest
 
 from compiler.model.demand import make_demand
-from compiler.specs.errors import InfeasibleError
 from compiler.planners import PlanOptions, plan
 from compiler.planners.rounds import plan_rounds, window_length
 from compiler.planners.flows import capacity_violations
@@ -92,6 +91,11 @@ def test_reductions_and_demands_without_copies_go_through_the_normal_dispatch():
     assert m.bound_ratio <= 1 + 1e-9 and s.planner == "rounds"
 
 
-def test_an_exhausted_time_limit_is_a_clear_error():
-    with pytest.raises(InfeasibleError, match="rounds: time_limit=0.01 s reached after"):
-        rounds(load_topology("dgx2", 2), "allgather", time_limit=0.01)
+def test_an_exhausted_time_limit_still_ends_with_greedy_windows():
+    """A limit spent before the first window (a loaded machine, a slow import) gives a complete
+    schedule from the greedy windows alone, judged by the simulator, with the bound above it."""
+    topo = load_topology("dgx2", 2)
+    demand, s, m = rounds(topo, "allgather", time_limit=0.01)  # simulate() raises if incomplete
+    windows = windows_of(s)
+    assert s.status == "time_limit" and f"{windows} windows kept the greedy schedule" in s.notes[0]
+    assert 0 < m.bound_ratio <= 1 + 1e-9
