@@ -107,7 +107,7 @@ def test_every_gpu_link_s_saturating_count_comes_before_the_doublings(topo):
 def _placement_wins(s, topo, base: LowerOptions, note: str, gain: float, **variant):
     """Lower `s` with `base` and with `variant` on top: the variant's program verifies, says `note`
     (the base's does not), is timed at most `gain` x the base's, and realise (base's protocol and
-    instances) keeps it. Returns the two programs."""
+    instances) keeps it, or a program faster still. Returns the two programs."""
     plain = lower(s, topo, base)
     other = lower(s, topo, replace(base, **variant))
     assert verify(other, "all", s.demand.split(base.instances), topo.sms).ok
@@ -116,7 +116,7 @@ def _placement_wins(s, topo, base: LowerOptions, note: str, gain: float, **varia
     assert fast < gain * time_program(plain, topo, s.demand.size_bytes).finish_time_s
     r = realise(s, topo, base, "all")
     assert r.timing.finish_time_s <= fast * 1.0001
-    assert any(note in n for n in r.program.notes)
+    assert any(note in n for n in r.program.notes) or r.timing.finish_time_s < 0.99 * fast
     return plain, other
 
 
@@ -137,8 +137,9 @@ def test_one_more_run_in_flight_on_paced_links_where_that_is_faster(topo):
     """DGX H100 x 2 hier allgather 256 MB at 4 instances: a transfer's runs on a link start and end
     together, so its lanes idle through each step latency; one more run in flight (pace_ahead)
     covers it. The timer finds that program faster, it verifies, the note says so, and realise
-    keeps a program with runs in flight at least as fast (it widens the window while that pays: 3
-    more runs here; it is a variant it tries, not a rule: on DGX H100 x 4 it is slower). Blocks
+    keeps a program at least as fast (it widens the window while that pays: 3 more runs here; it is
+    a variant it tries, not a rule: on DGX H100 x 4 it is slower; and since the eighteenth session
+    unpaced sends with every peer on a block of its own beat it: 636 us against 729). Blocks
     numbered by peer id: in ring order (the default) the blocks that start together already pair
     up so that the lanes idle less, and one more run gains under 1 % here."""
     t = topo("dgx-h100", 2)
@@ -217,6 +218,27 @@ def test_placements_that_pay_are_kept_together(topo):
     assert verify(r.program, "all", s.demand, t.sms).ok
     assert any("not paced" in n for n in r.program.notes)
     assert any("a thread block of its own" in n for n in r.program.notes)
+
+
+def test_placements_that_pay_only_together_are_found_from_the_best_one(topo):
+    """DGX H100 x 2 hier allgather, 16 MB in 2 chunks, LL128 at 8 instances: lane-aware placement
+    off does not pay alone (paced), so it was never tried with the placements that did; yet with
+    unpaced sends and every peer on a block of its own it gives the fastest of the eight placements
+    (the program timer judges every one), well ahead of those two alone together; realise finds it
+    from the best placement so far, and it verifies."""
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 16 * 10**6, 2), PlanOptions())
+    size = s.demand.size_bytes
+    at = LowerOptions(proto="LL128", instances=8)
+    timed = {(pace, pair, fit): time_program(lower(s, t, replace(at, pace=pace, pair_peers=pair, fit_lanes=fit)),
+                                             t, size).finish_time_s
+             for pace in (True, False) for pair in (True, False) for fit in (True, False)}
+    plain = timed[True, True, True]
+    assert timed[True, True, False] >= plain
+    assert timed[False, False, False] == min(timed.values()) < 0.95 * timed[False, False, True]
+    r = realise(s, t, at, "all")
+    assert r.timing.finish_time_s <= timed[False, False, False] * 1.0001
+    assert verify(r.program, "all", s.demand.split(8), t.sms).ok
 
 
 def test_a_nic_connection_takes_turns_on_top_of_the_best_small_placement(topo, monkeypatch):
