@@ -496,8 +496,7 @@ def _descend(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, 
         if behind_s is not None and before > CONTENDS * behind_s:
             return False  # a count this far behind is not worth another lowering
         at = placed[leader]
-        trials = [replace(at, **{key: v}) for key, v in flips if getattr(at, key) != v and getattr(options, key) != v]
-        trials = [t for t in trials if t not in seen]
+        trials = [t for t in (replace(at, **{key: v}) for key, v in flips if getattr(at, key) != v) if t not in seen]
         if not trials:
             break
         for trial in trials:
@@ -506,7 +505,7 @@ def _descend(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, 
             if time.perf_counter() + lowering_s >= stop_at:
                 break
         if timed[_leader(timed)][1].finish_time_s >= PAYS * before:
-            break  # kept only where it pays: a tie in the last bits would change the file for nothing
+            break  # one more step only where this one paid: ties in the last bits are not worth a lowering
     return enough_s is not None and _fastest_s(timed) <= enough_s
 
 
