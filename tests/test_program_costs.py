@@ -175,6 +175,29 @@ def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
     assert any("the time limit is near" in n for n in s.notes), s.notes
 
 
+def test_a_candidate_left_unjudged_past_the_deadline_is_named(topo):
+    """The judging's deadline passes while the first program is judged: the candidates after it
+    whose plans could still beat that program are not judged, and the notes name them (before,
+    they were dropped in silence, and a user saw no reason to raise the limit)."""
+    import time as clock
+    t = topo("dgx-a100")
+    calls = []
+
+    def slow_judge(schedule):
+        calls.append(schedule.planner)
+        clock.sleep(2.0)
+        return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
+
+    t0 = clock.perf_counter()
+    s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=9, judge=slow_judge,
+                                                              judge_until=t0 + 1, workers=1))
+    assert len(calls) == 1, calls
+    left_out = next(n for n in s.notes if n.startswith("left out: "))
+    assert "(the time limit was reached)" in left_out, s.notes
+    named = [x.split(" (")[0] for x in left_out[len("left out: "):].split("; ") if x.startswith("judging ")]
+    assert len(named) == len(set(named)), named  # each candidate once, whichever pass left it out
+
+
 @pytest.mark.parametrize("size, parts", [(10**9, 20), (2**30, 16), (256 * 10**6, 4), (16 * 10**6, 1)])
 def test_iteration_parts_cut_a_chunk_to_one_tile_of_whole_elements(topo, size, parts):
     from compiler.planners.auto import iteration_parts

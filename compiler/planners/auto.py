@@ -189,6 +189,7 @@ class Search:
     failed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) tried so far
+    late: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) not judged: the judging's deadline came
     enough: str | None = None  # the judged program that ended the search, where one did
     judge_rate: float = 0.0  # the most seconds per transfer one candidate's judging took
     probe_s: dict[int, float] = field(default_factory=dict)  # seconds each probed candidate's probe took, by id
@@ -424,8 +425,12 @@ class Search:
         else:
             ranking = ", ".join(f"{label(c)} {c.finish_time_s * 1e3:.4g} ms" for c in results[:6])
             why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
-        if self.skipped:
-            why.append("left out: " + "; ".join(self.skipped))
+        late = [f"judging {c.method} at {c.parts}x (the time limit was reached)" for c in results
+                if c.program_s is None and (c.parts, c.method) in self.late and judged
+                and BEYOND * c.finish_time_s < best.program_s  # its program might have been the faster
+                and not any(x.startswith(f"judging {c.method} at {c.parts}x (") for x in self.skipped)]
+        if self.skipped or late:
+            why.append("left out: " + "; ".join(self.skipped + late))
         if self.failed:
             why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
         return why
@@ -461,6 +466,9 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
+        if done and late and c.program_s is None and fresh < JUDGED and (only is None or c.method in only) \
+                and not (enough() or beaten(c)):
+            search.late.add((c.parts, c.method))
         if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
                 or (done and (late or enough() or beaten(c))):
             kept.append(c)
