@@ -430,7 +430,7 @@ class Search:
                 and BEYOND * c.finish_time_s < best.program_s  # its program might have been the faster
                 and not any(x.startswith(f"judging {c.method} at {c.parts}x (") for x in self.skipped)]
         if self.skipped or late:
-            why.append("left out: " + "; ".join(self.skipped + late))
+            why.append("left out: " + "; ".join(dict.fromkeys(self.skipped + late)))  # once each, whichever pass
         if self.failed:
             why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
         return why
