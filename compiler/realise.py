@@ -417,9 +417,10 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     largest gains are theirs, where small sends are latency-bound; ideal: each protocol's ideal
     program, for _contenders), each placement alone, then the best of each kind that
     paid together (greedily on top of each other they lose where a first one that pays alone spoils
-    a better second: pace_ahead before gate_slow). A large program tries them at its best count
-    only (realise). behind_s: the pacing placements are not tried for a count whose program is over
-    CONTENDS times this (the best so far). Whether a program reached enough_s."""
+    a better second: pace_ahead before gate_slow), then `_descend` from the best of them. A large
+    program tries them at its best count only (realise). behind_s: the pacing placements are not
+    tried for a count whose program is over CONTENDS times this (the best so far, scaled by the
+    most placements gained at a count). Whether a program reached enough_s."""
     k = options.instances
     variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
                 else []) \
@@ -494,7 +495,7 @@ def _descend(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, 
         leader = _leader(timed)
         before = timed[leader][1].finish_time_s
         if behind_s is not None and before > CONTENDS * behind_s:
-            return False  # a count this far behind is not worth another lowering
+            break  # a count this far behind is not worth another lowering
         at = placed[leader]
         trials = [t for t in (replace(at, **{key: v}) for key, v in flips if getattr(at, key) != v) if t not in seen]
         if not trials:
