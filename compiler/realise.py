@@ -238,7 +238,6 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
-    paced: list[bool] = []  # whether each count's best program (placements tried) was paced, in the order tried
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
     spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
     while counts:
@@ -290,7 +289,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         else:
             plain_s = _fastest_s(timed)
             reached = _placements(timed, schedule, topology, at_k, large, gated, stop_at, began,
-                                  best[0] * gain if best else None, enough_s, first[0], ideal, paced) or reached
+                                  best[0] * gain if best else None, enough_s, first[0], ideal) or reached
             gain = max(gain, plain_s / _fastest_s(timed))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p = _leader(timed)
@@ -411,7 +410,7 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                 options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
                 behind_s: float | None, enough_s: float | None, lowering_s: float,
-                ideal: dict[str, float] | None = None, history: list[bool] | None = None) -> bool:
+                ideal: dict[str, float] | None = None) -> bool:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
     with the count's best protocol and `_contenders` only (each is one more lowering; with every
     protocol they doubled the time auto spends judging a candidate, and it judged fewer; and the
@@ -421,18 +420,13 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     a better second: pace_ahead before gate_slow), then `_descend` from the best of them. A large
     program tries them at its best count only (realise). behind_s: the pacing placements are not
     tried for a count whose program is over CONTENDS times this (the best so far, scaled by the
-    most placements gained at a count). history: whether each earlier count's best program was
-    paced; this count's is appended. Whether a program reached enough_s."""
+    most placements gained at a count). Whether a program reached enough_s."""
     k = options.instances
-    # where the count before's best program was unpaced, the placements that tune pacing (or try the others on the
-    # paced program) are passed over, the descent from the unpaced one kept: on 15 programs of the sizes and TE-CCL
-    # tables, DGX H100 x 4 and DGX-2 x 2 alltoall 1 GB this left every best program as it was with 20 % fewer lowerings
-    paced = not history or history[-1]
-    variants = ([({"pace": False}, True)] + ([({"pace": True, "pace_ahead": 1}, True)] if paced else [])
-                if options.pace and not large else []) \
-        + ([] if large or not paced else [({"pair_peers": False}, False)]) \
-        + ([({"gate_slow": True}, True)] if gated and not large and paced else []) \
-        + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes and not large and paced else [])
+    variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
+                else []) \
+        + ([] if large else [({"pair_peers": False}, False)]) \
+        + ([({"gate_slow": True}, True)] if gated and not large else []) \
+        + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes and not large else [])
     plain_s = _fastest_s(timed)
     reached = enough_s is not None and plain_s <= enough_s
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
@@ -484,8 +478,6 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         timed[leader], placed[leader] = trial[leader], rotated
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
         turns += 1
-    if history is not None and variants:
-        history.append(placed[_leader(timed)].pace)
     return reached
 
 
