@@ -155,12 +155,10 @@ def test_auto_keeps_a_program_no_slower_than_any_constructive_candidate_s(topo):
         assert result.time_s <= best * (1 + 1e-9), chunks
 
 
-def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
-    """A judging that took two seconds says what the next one of the same size needs: with less
-    than that left, the candidate is not judged, and the notes say so (at 128 GPUs one judging
-    takes half a minute, and a second ran the command past its limit)."""
+def _plan_judged_slowly(t, until_s: float):
+    """auto on DGX A100 allgather 1 MiB with a judge that takes two seconds per program and a judging
+    deadline `until_s` after the start: (the schedule, the planners judged)."""
     import time as clock
-    t = topo("dgx-a100")
     calls = []
 
     def slow_judge(schedule):
@@ -170,7 +168,15 @@ def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
 
     t0 = clock.perf_counter()
     s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=9, judge=slow_judge,
-                                                              judge_until=t0 + 4, workers=1))
+                                                              judge_until=t0 + until_s, workers=1))
+    return s, calls
+
+
+def test_auto_does_not_start_judging_what_cannot_finish_by_the_deadline(topo):
+    """A judging that took two seconds says what the next one of the same size needs: with less
+    than that left, the candidate is not judged, and the notes say so (at 128 GPUs one judging
+    takes half a minute, and a second ran the command past its limit)."""
+    s, calls = _plan_judged_slowly(topo("dgx-a100"), 4)
     assert len(calls) == 1, calls
     assert any("the time limit is near" in n for n in s.notes), s.notes
 
@@ -179,18 +185,7 @@ def test_a_candidate_left_unjudged_past_the_deadline_is_named(topo):
     """The judging's deadline passes while the first program is judged: the candidates after it
     whose plans could still beat that program are not judged, and the notes name them (before,
     they were dropped in silence, and a user saw no reason to raise the limit)."""
-    import time as clock
-    t = topo("dgx-a100")
-    calls = []
-
-    def slow_judge(schedule):
-        calls.append(schedule.planner)
-        clock.sleep(2.0)
-        return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
-
-    t0 = clock.perf_counter()
-    s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=9, judge=slow_judge,
-                                                              judge_until=t0 + 1, workers=1))
+    s, calls = _plan_judged_slowly(topo("dgx-a100"), 1)
     assert len(calls) == 1, calls
     left_out = next(n for n in s.notes if n.startswith("left out: "))
     assert "(the time limit was reached)" in left_out, s.notes
