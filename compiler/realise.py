@@ -415,15 +415,18 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     with the count's best protocol and `_contenders` only (each is one more lowering; with every
     protocol they doubled the time auto spends judging a candidate, and it judged fewer; and the
     largest gains are theirs, where small sends are latency-bound; ideal: each protocol's ideal
-    program, for _contenders), each placement alone, then the best of each kind that
-    paid together (greedily on top of each other they lose where a first one that pays alone spoils
-    a better second: pace_ahead before gate_slow), then `_descend` from the best of them. A large
-    program tries them at its best count only (realise). behind_s: the pacing placements are not
-    tried for a count whose program is over CONTENDS times this (the best so far, scaled by the
-    most placements gained at a count). Whether a program reached enough_s."""
+    program, for _contenders). Unpaced sends first: where they beat the paced program, `_descend`
+    and NIC turns (`_turns`) start from them at once, since the best program of a small count is
+    nearly always unpaced and a deadline cuts what comes last. Then each other placement alone, the
+    best of each kind that paid together (greedily on top of each other they lose where a first one
+    that pays alone spoils a better second: pace_ahead before gate_slow), and the descent and turns
+    again from a new best. A large program tries them at its best count only (realise). behind_s:
+    the pacing placements are not tried for a count whose program is over CONTENDS times this (the
+    best so far, scaled by the most placements gained at a count). Whether a program reached
+    enough_s."""
     k = options.instances
-    variants = ([({"pace": False}, True), ({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large
-                else []) \
+    first = [({"pace": False}, True)] if options.pace and not large else []
+    variants = ([({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large else []) \
         + ([] if large else [({"pair_peers": False}, False)]) \
         + ([({"gate_slow": True}, True)] if gated and not large else []) \
         + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes and not large else [])
@@ -433,40 +436,66 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     placed = {p: options for p in timed}  # the options each protocol's program was lowered with
     window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
     lowered = {options}  # the placements tried, which _descend does not lower again
-    for variant, best_only in variants:
-        if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
-            break
-        leader = _leader(timed)
-        if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
-            continue  # a count this far behind is not worth another lowering
-        lowered.add(replace(options, **variant))
-        got = _kept(timed, placed, schedule, topology, replace(options, **variant), stop_at,
-                    _contenders(timed, leader, ideal if variant.get("pace") is False else None) if best_only else None)
-        kind = "pace" if "pace" in variant else next(iter(variant))
-        mine = got.get(leader)
-        if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
-            paid[kind] = (mine, variant)
-        if variant.get("pace_ahead") and mine is not None and mine < window_s:
-            window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
-            if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
-                variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
-        reached = enough_s is not None and _fastest_s(timed) <= enough_s
-    if len(paid) > 1 and not reached and time.perf_counter() + lowering_s < stop_at:  # one lowering's time left
-        leader = _leader(timed)
-        together = {key: v for _, variant in paid.values() for key, v in variant.items()}
-        lowered.add(replace(options, **together))
-        _kept(timed, placed, schedule, topology, replace(options, **together), stop_at,
-              _contenders(timed, leader, None))
-        reached = enough_s is not None and _fastest_s(timed) <= enough_s
-    if not large and not reached:
+    settled: set[LowerOptions] = set()  # the placements the descent and turns started from or ended at
+
+    def alone(variants: list[tuple[dict, bool]]) -> None:
+        nonlocal reached, window_s
+        for variant, best_only in variants:
+            if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
+                break
+            leader = _leader(timed)
+            if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
+                continue  # a count this far behind is not worth another lowering
+            lowered.add(replace(options, **variant))
+            got = _kept(timed, placed, schedule, topology, replace(options, **variant), stop_at,
+                        _contenders(timed, leader, ideal if variant.get("pace") is False else None) if best_only
+                        else None)
+            kind = "pace" if "pace" in variant else next(iter(variant))
+            mine = got.get(leader)
+            if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
+                paid[kind] = (mine, variant)
+            if variant.get("pace_ahead") and mine is not None and mine < window_s:
+                window_s = mine  # a window that paid: a wider one may pay more (small sends cover the step
+                if variant["pace_ahead"] < MAX_AHEAD:  # latency in several runs)
+                    variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
+            reached = enough_s is not None and _fastest_s(timed) <= enough_s
+
+    def from_best() -> None:
+        nonlocal reached
+        if large or reached or placed[_leader(timed)] in settled:
+            return
+        settled.add(placed[_leader(timed)])
         reached = _descend(timed, placed, schedule, topology, options, stop_at, lowering_s, behind_s, enough_s,
                            lowered)
+        if gated and not reached:
+            reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s)
+        settled.add(placed[_leader(timed)])
+
+    alone(first)
+    if not placed[_leader(timed)].pace:
+        from_best()
+    alone(variants)
+    together = replace(options, **{key: v for _, variant in paid.values() for key, v in variant.items()})
+    if len(paid) > 1 and not reached and together not in lowered and time.perf_counter() + lowering_s < stop_at:
+        leader = _leader(timed)  # one lowering's time left
+        lowered.add(together)
+        _kept(timed, placed, schedule, topology, together, stop_at, _contenders(timed, leader, None))
+        reached = enough_s is not None and _fastest_s(timed) <= enough_s
+    from_best()
+    return reached
+
+
+def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
+           topology: Topology, stop_at: float, lowering_s: float, behind_s: float | None,
+           enough_s: float | None) -> bool:
+    """The best placement so far with a NIC connection's transfers on 2, 3, ... MAX_TURNS channel
+    groups in turn, while a step pays: alone it rarely pays (paced or paired blocks keep the turns
+    waiting); on the best placement, unpaced with every peer apart, DGX-2 x 2 allgather 1 MB
+    hier/4ch went from 30.2 to 26.3 us and hier/8ch from 39.0 to 27.4 (2 turns) and 25.1 (3; 4:
+    25.7). Whether a program reached enough_s."""
     turns = 2
-    while gated and not large and not reached and turns <= MAX_TURNS and time.perf_counter() + lowering_s < stop_at:
-        # the best placement so far with a NIC connection's transfers on `turns` channel groups in turn, while a
-        # step pays: alone it rarely pays (paced or paired blocks keep the turns waiting); on the best placement,
-        # unpaced with every peer apart, DGX-2 x 2 allgather 1 MB hier/4ch went from 30.2 to 26.3 us and hier/8ch
-        # from 39.0 to 27.4 (2 turns) and 25.1 (3; 4: 25.7)
+    reached = enough_s is not None and _fastest_s(timed) <= enough_s
+    while not reached and turns <= MAX_TURNS and time.perf_counter() + lowering_s < stop_at:
         leader = _leader(timed)
         before = timed[leader][1].finish_time_s
         if behind_s is not None and before > CONTENDS * behind_s:

@@ -241,6 +241,28 @@ def test_placements_that_pay_only_together_are_found_from_the_best_one(topo):
     assert verify(r.program, "all", s.demand.split(8), t.sms).ok
 
 
+def test_the_descent_from_unpaced_sends_comes_before_the_paced_placements(topo, monkeypatch):
+    """DGX-2 x 2 hier allgather, 1 MB in 2 chunks, LL at 1 instance: unpaced sends beat the paced
+    program, and with every peer on a block of its own they beat both. realise lowers that
+    combination (the descent from the unpaced program) before any runs-ahead window, which rarely
+    wins once unpaced sends have, so a deadline cuts the window and not the combination; the
+    window is still tried after, and the program is at least as fast as the combination."""
+    import compiler.realise as R
+    t = topo("dgx2", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 10**6, 2), PlanOptions())
+    lowered = []
+    real = R.lower
+    monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
+    r = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    order = [(o.pace, o.pair_peers, o.pace_ahead) for o in lowered]
+    assert (False, False, 0) in order and (True, True, 1) in order
+    assert order.index((False, False, 0)) < order.index((True, True, 1))
+    size = s.demand.size_bytes
+    both = time_program(lower(s, t, LowerOptions(proto="LL", pace=False, pair_peers=False)), t, size).finish_time_s
+    assert r.timing.finish_time_s <= both * 1.0001
+    assert verify(r.program, "all", s.demand, t.sms).ok
+
+
 def test_a_nic_connection_takes_turns_on_top_of_the_best_small_placement(topo, monkeypatch):
     """DGX-2 x 2 hier allgather, 1 MB in 4 chunks, LL at 1 instance: a GPU's quarter chunks cross
     its NIC on one thread block, which pays 2.7 us of step latency after each. Alone, taking channel
