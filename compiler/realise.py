@@ -435,8 +435,13 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
     placed = {p: options for p in timed}  # the options each protocol's program was lowered with
     window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
-    lowered = {options}  # the placements tried, which _descend does not lower again
-    settled: set[LowerOptions] = set()  # the placements the descent and turns started from or ended at
+    lowered = {(p, options) for p in timed}  # (protocol, placement) tried, which _descend does not lower again
+    settled: set[tuple[str, LowerOptions]] = set()  # where the descent and turns started or ended
+    gained = 1.0  # the most a descent (with the turns) sped up the program it started from
+
+    def kept(placement: LowerOptions, only: tuple[str, ...] | None) -> dict[str, float]:
+        lowered.update((p, placement) for p in (only or tuple(timed)))
+        return _kept(timed, placed, schedule, topology, placement, stop_at, only)
 
     def alone(variants: list[tuple[dict, bool]]) -> None:
         nonlocal reached, window_s
@@ -446,10 +451,9 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
             leader = _leader(timed)
             if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
                 continue  # a count this far behind is not worth another lowering
-            lowered.add(replace(options, **variant))
-            got = _kept(timed, placed, schedule, topology, replace(options, **variant), stop_at,
-                        _contenders(timed, leader, ideal if variant.get("pace") is False else None) if best_only
-                        else None)
+            got = kept(replace(options, **variant),
+                       _contenders(timed, leader, ideal if variant.get("pace") is False else None) if best_only
+                       else None)
             kind = "pace" if "pace" in variant else next(iter(variant))
             mine = got.get(leader)
             if mine is not None and mine < min(plain_s, paid.get(kind, (plain_s,))[0]):
@@ -460,43 +464,55 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                     variants.append(({"pace": True, "pace_ahead": 2 * variant["pace_ahead"] + 1}, True))
             reached = enough_s is not None and _fastest_s(timed) <= enough_s
 
-    def from_best() -> None:
-        nonlocal reached
-        if large or reached or placed[_leader(timed)] in settled:
+    def from_best(proto: str | None = None) -> None:  # from `proto`'s program (default: the best one's)
+        nonlocal reached, gained
+        start = proto or _leader(timed)
+        if large or reached or (start, placed[start]) in settled:
             return
-        settled.add(placed[_leader(timed)])
+        settled.add((start, placed[start]))
+        start_s = timed[start][1].finish_time_s
         reached = _descend(timed, placed, schedule, topology, options, stop_at, lowering_s, behind_s, enough_s,
-                           lowered)
+                           lowered, proto)
         if gated and not reached:
-            reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s)
-        settled.add(placed[_leader(timed)])
+            reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, proto)
+        end = proto or _leader(timed)
+        settled.add((end, placed[end]))
+        gained = max(gained, start_s / timed[end][1].finish_time_s)
 
     alone(first)
     if not placed[_leader(timed)].pace:
         from_best()
     alone(variants)
     together = replace(options, **{key: v for _, variant in paid.values() for key, v in variant.items()})
-    if len(paid) > 1 and not reached and together not in lowered and time.perf_counter() + lowering_s < stop_at:
-        leader = _leader(timed)  # one lowering's time left
-        lowered.add(together)
-        _kept(timed, placed, schedule, topology, together, stop_at, _contenders(timed, leader, None))
+    leader = _leader(timed)
+    if len(paid) > 1 and not reached and (leader, together) not in lowered \
+            and time.perf_counter() + lowering_s < stop_at:  # one lowering's time left
+        kept(together, _contenders(timed, leader, None))
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
     from_best()
+    # a protocol of other connection slots (the descent lowers the leader's only) behind by less than a descent
+    # gained, whose best placement no descent has started from: DGX A100 x 2 reduce-scatter 256 MB hier/4ch at 10
+    # instances, unpaced LL128 led and descended from 881.4 to 817.5 us, while Simple with every instance on its
+    # own channel (841.4) went on to 781.1 unpaced
+    leader = _leader(timed)
+    for p in sorted(timed, key=lambda q: timed[q][1].finish_time_s):
+        if SLOTS[p] != SLOTS[leader] and timed[p][1].finish_time_s < gained * timed[leader][1].finish_time_s:
+            from_best(p)
     return reached
 
 
 def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
            topology: Topology, stop_at: float, lowering_s: float, behind_s: float | None,
-           enough_s: float | None) -> bool:
-    """The best placement so far with a NIC connection's transfers on 2, 3, ... MAX_TURNS channel
-    groups in turn, while a step pays: alone it rarely pays (paced or paired blocks keep the turns
-    waiting); on the best placement, unpaced with every peer apart, DGX-2 x 2 allgather 1 MB
+           enough_s: float | None, proto: str | None = None) -> bool:
+    """The best placement so far (or `proto`'s) with a NIC connection's transfers on 2, 3, ...
+    MAX_TURNS channel groups in turn, while a step pays: alone it rarely pays (paced or paired blocks
+    keep the turns waiting); on the best placement, unpaced with every peer apart, DGX-2 x 2 allgather 1 MB
     hier/4ch went from 30.2 to 26.3 us and hier/8ch from 39.0 to 27.4 (2 turns) and 25.1 (3; 4:
     25.7). Whether a program reached enough_s."""
     turns = 2
     reached = enough_s is not None and _fastest_s(timed) <= enough_s
     while not reached and turns <= MAX_TURNS and time.perf_counter() + lowering_s < stop_at:
-        leader = _leader(timed)
+        leader = proto or _leader(timed)
         before = timed[leader][1].finish_time_s
         if behind_s is not None and before > CONTENDS * behind_s:
             break  # a count this far behind is not worth another lowering
@@ -512,29 +528,32 @@ def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Lo
 
 def _descend(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
              topology: Topology, options: LowerOptions, stop_at: float, lowering_s: float, behind_s: float | None,
-             enough_s: float | None, seen: set[LowerOptions]) -> bool:
+             enough_s: float | None, seen: set[tuple[str, LowerOptions]], proto: str | None = None) -> bool:
     """From the best placement so far, turn off one more of pacing, paired peers and lane-aware
     placement at a time while that pays (a small program's flags act together: each tried alone on
     the paced, paired program often does not pay where two together do; DGX H100 x 2 allgather 16 MB
     hier/2ch at 8 instances: unpaced 58.3 us, unpaced with every instance on its own channel 52.1,
-    and every peer on its own block too 50.8). seen: the placements lowered already (grows).
-    Whether a program reached enough_s."""
+    and every peer on its own block too 50.8). seen: the (protocol, placement) pairs lowered
+    already (grows). proto: descend from this protocol's program (default: the fastest's, at each
+    step). Whether a program reached enough_s."""
     flips = [("pace", False), ("pair_peers", False)] + ([("fit_lanes", False)] if options.instances > 1 else [])
     while time.perf_counter() + lowering_s < stop_at:
-        leader = _leader(timed)
+        leader = proto or _leader(timed)
         before = timed[leader][1].finish_time_s
         if behind_s is not None and before > CONTENDS * behind_s:
             break  # a count this far behind is not worth another lowering
         at = placed[leader]
-        trials = [t for t in (replace(at, **{key: v}) for key, v in flips if getattr(at, key) != v) if t not in seen]
+        trials = [t for t in (replace(at, **{key: v}) for key, v in flips if getattr(at, key) != v)
+                  if (leader, t) not in seen]
         if not trials:
             break
         for trial in trials:
-            seen.add(trial)
-            _kept(timed, placed, schedule, topology, trial, stop_at, _contenders(timed, leader, None))
+            contenders = _contenders(timed, leader, None)
+            seen.update((q, trial) for q in contenders)
+            _kept(timed, placed, schedule, topology, trial, stop_at, contenders)
             if time.perf_counter() + lowering_s >= stop_at:
                 break
-        if timed[_leader(timed)][1].finish_time_s >= PAYS * before:
+        if timed[proto or _leader(timed)][1].finish_time_s >= PAYS * before:
             break  # one more step only where this one paid: ties in the last bits are not worth a lowering
     return enough_s is not None and _fastest_s(timed) <= enough_s
 
