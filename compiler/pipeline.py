@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from compiler.analysis.bounds import busbw, lower_bound
 from compiler.analysis.crossovers import Band, crossover_bands
-from compiler.analysis.simulate import Metrics, bound_of, program_floor, simulate
+from compiler.analysis.simulate import Ideals, Metrics, best_ideal, bound_of, program_floor, simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import Demand, demand_chunks, make_demand
 from compiler.model.program import AUTO, Program
@@ -172,7 +172,7 @@ def _probe(schedule: Schedule, topology: Topology, options: CompileOptions) -> f
     with the first alone, and realise made 31.9, 28.6 and 26.3 of them)."""
     lowering = options.lower if options.lower.instances else replace(options.lower, instances=1)
     if lowering.proto == AUTO:
-        best = min(protocols(topology, AUTO), key=lambda p: simulate(topology, schedule, p).finish_time_s)
+        best = Ideals(topology, schedule, protocols(topology, AUTO)).ranked()[0]
         lowering = replace(lowering, proto=best)
     lowering = replace(lowering, runtime=aimed_runtime(schedule, options.runtime, topology.vendor))
     placements = [lowering] + ([replace(lowering, **PROBED_PLACEMENT)] if lowering.pace else [])
@@ -194,8 +194,7 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
     collective targets, verify it (an unverified program is a bug, raised as such) and time it;
     simulate the schedule as the ideal program of the same protocol (the planned time)."""
     if not options.xml or any(t.group >= 0 for t in schedule.transfers):
-        planned = min((simulate(topology, schedule, p) for p in protocols(topology, options.lower.proto)),
-                      key=lambda m: m.finish_time_s)  # the ideal program of the best protocol
+        planned = best_ideal(topology, schedule, protocols(topology, options.lower.proto))  # the best protocol's
         result = Result(topology, schedule, planned, options.runtime)
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,

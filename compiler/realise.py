@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from compiler.analysis.links import Costing, protocol_names
-from compiler.analysis.simulate import simulate
+from compiler.analysis.simulate import Ideals
 from compiler.lowering.lower import LowerOptions, TooManySteps, lower
 from compiler.model.demand import Demand, demand_chunks
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, Program
@@ -100,8 +100,9 @@ class Realisation:
     tried: tuple[tuple[str, int, float], ...]  # (proto, instances, program time) of every program timed
     stopped: str | None = None  # why the instances stopped doubling, where a limit stopped them
     enough: str | None = None  # where the search stopped early because a program was good enough
-    passed: tuple[tuple[str, float], ...] = ()  # (proto, ideal program time) of protocols never lowered: their
-    # ideal program was no faster than a program timed already
+    passed: tuple[tuple[str, float, bool], ...] = ()  # (proto, ideal program time, whether simulated: else its
+    # floor, which the ideal is no faster than) of protocols never lowered: their ideal program was no faster than a
+    # program timed already
     uneven: tuple[int, ...] = ()  # instance counts left out: the size does not split into their chunks
     element_bytes: int = 4
 
@@ -117,9 +118,10 @@ class Realisation:
         if runner is not None:
             line += f"; runner-up {runner[0]} with {runner[1]} ({runner[2] * 1e6:.1f} us, {runner[2] / best:.2f}x)"
         elif self.passed:
-            q, x = min(self.passed, key=lambda px: px[1])
+            q, x, simulated = min(self.passed, key=lambda px: px[1])
             why = "is no faster" if x >= best else f"is faster by a smaller share than {p}'s program lost to lowering"
-            line += f"; runner-up {q}, not lowered (its ideal program, {x * 1e6:.1f} us, {why})"
+            line += f"; runner-up {q}, not lowered (its ideal program, {x * 1e6:.1f} us, {why})" if simulated else \
+                f"; runner-up {q}, not lowered (its ideal program is at least its floor, {x * 1e6:.1f} us)"
         uneven = () if not self.uneven else (
             f"instances: {', '.join(map(str, self.uneven))} left out: the size is not whole {self.element_bytes}-byte "
             "elements in each of their chunks, and the runtimes would run NCCL's own algorithm instead",)
@@ -216,10 +218,10 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     # the deadline (one lowering and timing of 256 GPUs took 12 s: 30 s left the second count out)
     stop_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
     protos = protocols(topology, options.proto)
-    ideal = {}
+    ideal: Ideals | None = None
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
-        ideal = {p: simulate(topology, schedule, p).finish_time_s for p in protos}
-        protos = tuple(sorted(protos, key=ideal.__getitem__))
+        ideal = Ideals(topology, schedule, protos, eager=not large)
+        protos = ideal.ranked()
     gated = not large and through_slow_paths(schedule, topology)
     base = replace(options, runtime=aimed_runtime(schedule, runtime, topology.vendor))
     lead = _lead(schedule, topology, protos[0]) if large and options.pace else {}
@@ -373,7 +375,8 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                                    enough_s, tried, apart_first=bool(lead) or paid.get("pair_peers") is False)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
-                       tuple((q, x) for q, x in ideal.items() if q not in lowered), tuple(uneven), element_bytes)
+                       tuple((q, ideal.at_least(q), q in ideal.known) for q in ideal.protos if q not in lowered)
+                       if ideal else (), tuple(uneven), element_bytes)
 
 
 def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topology: Topology, base: LowerOptions,
@@ -410,7 +413,7 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                 options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
                 behind_s: float | None, enough_s: float | None, lowering_s: float,
-                ideal: dict[str, float] | None = None) -> bool:
+                ideal: Ideals | None = None) -> bool:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
     with the count's best protocol and `_contenders` only (each is one more lowering; with every
     protocol they doubled the time auto spends judging a candidate, and it judged fewer; and the
@@ -559,7 +562,7 @@ def _descend(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, 
 
 
 def _contenders(timed: dict[str, tuple[Program, ProgramTiming]], leader: str,
-                ideal: dict[str, float] | None) -> tuple[str, ...]:
+                ideal: Ideals | None) -> tuple[str, ...]:
     """The protocols a placement is tried with: the leader; those in `timed` that share its lowering
     (the same connection slots: LL and LL128), which costs a timing, not a lowering; and the others
     whose ideal program beats the leader's program, which costs one (`ideal`: realise gives it
@@ -570,7 +573,7 @@ def _contenders(timed: dict[str, tuple[Program, ProgramTiming]], leader: str,
     beat Simple's (405.0), unpaced Simple's is 345.0, its ideal and the floor."""
     lead_s = timed[leader][1].finish_time_s
     return (leader,) + tuple(p for p in timed if p != leader and (
-        SLOTS[p] == SLOTS[leader] or (ideal is not None and ideal.get(p, lead_s) < lead_s)))
+        SLOTS[p] == SLOTS[leader] or (ideal is not None and ideal.below(p, lead_s))))
 
 
 def _kept(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
@@ -728,7 +731,7 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
 
 
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
-              stop_at: float, ideal: dict[str, float] | None = None,
+              stop_at: float, ideal: Ideals | None = None,
               enough_s: float | None = None, first: list[float] | None = None,
               as_first: bool = False) -> dict[str, tuple[Program, ProgramTiming]]:
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
@@ -746,7 +749,7 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     t0 = time.perf_counter()
     lost = 1.0  # the first protocol's program over its ideal
     for p in protos:
-        if ideal and out and ideal[p] * lost >= _fastest_s(out):
+        if ideal and out and (ideal.at_least(p) * lost >= _fastest_s(out) or ideal[p] * lost >= _fastest_s(out)):
             continue
         if SLOTS[p] not in lowered:
             if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:

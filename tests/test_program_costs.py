@@ -3,7 +3,8 @@
 import pytest
 
 from compiler.analysis.bounds import lower_bound
-from compiler.analysis.simulate import simulate
+import compiler.analysis.simulate as S
+from compiler.analysis.simulate import Ideals, best_ideal, bound_of, program_floor, simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import make_demand
 from compiler.pipeline import CompileOptions, compile
@@ -106,6 +107,37 @@ def test_program_bound_is_no_less_than_alpha_beta_and_ratios_stay_below_one(topo
     # more instances cut chunks finer than the ideal program does, which can gain a little, never more than
     # auto assumes (BEYOND)
     assert result.bound_ratio <= result.planned.bound_ratio / BEYOND
+
+
+@pytest.mark.parametrize("hw, nodes, collective, size, method", [
+    ("dgx-a100", 1, "allgather", 4096, "ring"), ("dgx-a100", 1, "allgather", 10**9, "direct"),
+    ("dgx2", 2, "allgather", 10**6, "hier"), ("dgx2", 2, "alltoall", 64 * 10**3, "direct"),
+    ("dgx-h100", 2, "reduce_scatter", 16 * 10**6, "hier"), ("mi250", 1, "allgather", 10**9, "ring"),
+    ("dgx-h100", 2, "allgather", 10**9, "hier")])
+def test_each_protocol_s_floor_is_below_its_ideal_program_and_the_best_ideal_is_exact(
+        topo, monkeypatch, hw, nodes, collective, size, method):
+    """Ideals skips simulating a protocol whose floor already answers, so each protocol's floor
+    must be no more than its ideal program (the simulator judges it, every protocol simulated);
+    best_ideal then gives the same program as simulating every protocol, and simulates only the
+    protocols whose floor is below the best ideal."""
+    t = topo(hw, nodes)
+    s = plan(t, make_demand(collective, t.ngpus, size), PlanOptions(method=method))
+    protos = t.costs.names
+    bound = bound_of(t, s.demand)
+    every = {p: simulate(t, s, p).finish_time_s for p in protos}
+    for p in protos:
+        assert program_floor(t, bound, p) <= every[p] * (1 + 1e-12)
+    assert min(program_floor(t, bound, p) for p in protos) == program_floor(t, bound)
+    S._RECENT.clear()
+    simulated = []
+    real = S._simulate
+    monkeypatch.setattr(S, "_simulate", lambda tp, sc, p: simulated.append(p) or real(tp, sc, p))
+    best = min(protos, key=every.__getitem__)
+    assert best_ideal(t, s, protos).finish_time_s == every[best]
+    assert set(simulated) == {p for p in protos if program_floor(t, bound, p) < every[best]} | {best}
+    ideals = Ideals(t, s, protos)
+    assert ideals.ranked()[0] == best
+    assert all(ideals.below(p, every[p] * 1.001) and not ideals.below(p, every[p]) for p in protos)
 
 
 def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):

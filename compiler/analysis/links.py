@@ -85,18 +85,18 @@ def ideal_transfer(costing: Costing, nbytes: float, bandwidth: float, alpha: flo
 
 
 def runtime_floor(topo: Topology, latency_s: float, bandwidth_s: float, alpha_s: float,
-                  chain_s=None, across: tuple[float, float] = (0.0, 0.0)) -> float | None:
+                  chain_s=None, across: tuple[float, float] = (0.0, 0.0), proto: str | None = None) -> float | None:
     """The least time any program can take under the runtime cost model, from an alpha-beta bound's
     parts: the best protocol's launch, its payload efficiency on the bandwidth term, and at least one
     step's synchronisation (every transfer pays one); chain_s(proto), where given, is the latency
     bound with every transfer of a chain paying its step (bounds.Bound.chain_s). across: (seconds,
     alpha) of the node cuts, whose last byte is carried by a transfer between nodes: it pays the
-    network's step and at least that alpha after its bytes (bounds.across_nodes). None without
-    runtime costs."""
+    network's step and at least that alpha after its bytes (bounds.across_nodes). proto: the least
+    time of that protocol's programs instead. None without runtime costs."""
     if topo.costs is None:
         return None
     best = None
-    for name in topo.costs.names:
+    for name in topo.costs.names if proto is None else (proto,):
         c = Costing.of(topo, name)
         step = min(v for _, v in c.cost.step)
         latency = latency_s + step if chain_s is None else max(latency_s + step, chain_s(name))

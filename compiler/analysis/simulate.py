@@ -64,12 +64,60 @@ class Metrics:
         return cls(**{**d, "starts": tuple(d.get("starts", ())), "ends": tuple(d.get("ends", ()))})
 
 
-def program_floor(topo: Topology, bound: Bound) -> float:
+def program_floor(topo: Topology, bound: Bound, proto: str | None = None) -> float:
     """The bound a program is held to: the alpha-beta bound plus what every program of the runtime
-    cost model pays at least (links.runtime_floor); the alpha-beta bound without costs."""
+    cost model pays at least (links.runtime_floor); the alpha-beta bound without costs. proto: what
+    every program of that protocol takes at least (no less than its ideal program, simulate)."""
     floor = runtime_floor(topo, bound.latency_s, bound.bandwidth_s, bound.alpha_s, bound.chain_s,
-                          (bound.across_s, bound.across_alpha_s))
+                          (bound.across_s, bound.across_alpha_s), proto)
     return bound.time_s if floor is None else max(bound.time_s, floor)
+
+
+class Ideals:
+    """Each protocol's ideal program time (simulate), simulated only when a question needs it: a
+    protocol whose floor (program_floor) already answers is not simulated (one simulation of 1,024
+    GPUs takes 8-9 s, and at 1 GB LL's and LL128's floors are above Simple's ideal program).
+    eager: simulate every one now (cheap below LARGE programs, and their notes cite each ideal)."""
+
+    def __init__(self, topology: Topology, schedule: Schedule, protos: tuple[str, ...], eager: bool = False):
+        self.topology, self.schedule, self.protos = topology, schedule, protos
+        bound = bound_of(topology, schedule.demand)
+        self.floor = {p: program_floor(topology, bound, p) for p in protos}
+        self.known: dict[str, float] = {}
+        if eager:
+            for p in protos:
+                self[p]
+
+    def __getitem__(self, proto: str) -> float:
+        if proto not in self.known:
+            self.known[proto] = simulate(self.topology, self.schedule, proto).finish_time_s
+        return self.known[proto]
+
+    def at_least(self, proto: str) -> float:
+        """Its ideal program's time where simulated, else its floor."""
+        return self.known.get(proto, self.floor[proto])
+
+    def below(self, proto: str, seconds: float) -> bool:
+        """Whether its ideal program is faster than `seconds` (simulated only if its floor is)."""
+        return self.at_least(proto) < seconds and self[proto] < seconds
+
+    def ranked(self) -> tuple[str, ...]:
+        """The protocols by ideal program, the best first: in the order of their floors, each
+        simulated while its floor is below the best ideal so far; the rest follow by floor (their
+        ideals are no better than the first's). Ties keep the order given."""
+        order = sorted(self.protos, key=lambda p: (self.floor[p], self.protos.index(p)))
+        for p in order:
+            if self.known and self.floor[p] >= min(self.known.values()):
+                break
+            self[p]
+        return tuple(sorted(self.protos, key=lambda p: (p not in self.known, self.at_least(p),
+                                                         self.protos.index(p))))
+
+
+def best_ideal(topology: Topology, schedule: Schedule, protos: tuple[str, ...]) -> Metrics:
+    """The ideal program of the protocol whose ideal is fastest (the first of `protos` on a tie),
+    simulating only the protocols whose floor leaves them in question (Ideals)."""
+    return simulate(topology, schedule, Ideals(topology, schedule, protos).ranked()[0])
 
 
 def bound_of(topo: Topology, demand: Demand) -> Bound:

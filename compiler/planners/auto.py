@@ -276,7 +276,7 @@ class Search:
         """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
         from compiler.planners.registry import MODULES, plan as plan_with
         from compiler.analysis.links import protocol_names
-        from compiler.analysis.simulate import simulate
+        from compiler.analysis.simulate import best_ideal
         parts = refine.parts
         if method not in MODULES:
             self.skipped.append(f"{method} (not available)")
@@ -301,7 +301,7 @@ class Search:
             if method == "milp" and "lp" not in methods and "rounds" not in methods:
                 methods.append("rounds")  # the exact model was too big for its share: solve it in windows
             return
-        m = min((simulate(self.topo, s, p) for p in protocol_names(self.topo)), key=lambda x: x.finish_time_s)
+        m = best_ideal(self.topo, s, protocol_names(self.topo))
         self.planned.add((parts, method))
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
 
