@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from backends.msccl_xml import to_xml
-from compiler.analysis.simulate import simulate
+from compiler.analysis.simulate import Ideals, simulate
 from compiler.lowering.codegen import pair_thread_blocks
 from compiler.lowering.lower import LowerOptions, lower, runtime_limits
 from compiler.model.demand import Chunk, Demand, make_demand
@@ -450,7 +450,7 @@ def test_a_large_program_passes_over_a_protocol_its_lowering_would_not_make_fast
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 1 << 24), PlanOptions())
     program_s = time_program(lower(s, t, LowerOptions(proto="Simple")), t, s.demand.size_bytes).finish_time_s
-    ideal = {"Simple": program_s / 1.5, "LL128": program_s / 1.2}
+    ideal = Ideals.given({"Simple": program_s / 1.5, "LL128": program_s / 1.2})
     options, far = LowerOptions(proto="Simple"), time.perf_counter() + 600
     small = R._time_all(s, t, options, ("Simple", "LL128"), far, ideal)
     large = R._time_all(s, t, options, ("Simple", "LL128"), far, ideal, as_first=True)
