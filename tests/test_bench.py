@@ -217,3 +217,21 @@ def test_cli_parser_does_not_import_torch():
     code = ("import sys; from compiler.cli.main import build_parser; build_parser(); "
             "assert 'torch' not in sys.modules, 'building the parser imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_without_torch_run_and_bench_say_so_in_one_line(tmp_path):
+    """`pip install .` brings no torch: run and bench name the extra (exit 2, one line, no traceback),
+    while bench --check-log, which needs no torch, still works."""
+    xml = write_program(tmp_path / "ag.xml", "allgather", "ring")
+    (tmp_path / "nccl.log").write_text("NCCL INFO MSCCL: Initialized\n")
+    code = ("import sys\nsys.modules['torch'] = None\nimport compiler.cli.main as c\n"
+            "sys.exit(c.main(sys.argv[1:]))\n")
+    for args in (["run", str(xml), "--nprocs", "2"], ["bench", "allgather", "--xml", str(xml), "--nprocs", "2"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert f'{args[0]}: torch is not installed; pip install "msccl-compile[torch]"' in proc.stderr
+    log = subprocess.run([sys.executable, "-c", code, "bench", "allgather", "--check-log", str(tmp_path / "nccl.log")],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "torch" not in log.stderr, log.stderr

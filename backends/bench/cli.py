@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from backends.torch_dist.errors import require_torch
 from compiler.specs.errors import CompileError
 
 from .options import SIDES, configure, parse_sizes
@@ -101,6 +102,7 @@ def run(args) -> int:
     sides = SIDES if args.side == "both" else (args.side,)
     if not 0 <= args.tolerance < 1:
         raise CompileError(f"--tolerance: {args.tolerance} must be in [0, 1)")
+    require_torch("bench")
     rank, result = _measure(args, sizes, sides)
     if rank != 0:
         return 0

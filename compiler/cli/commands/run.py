@@ -23,6 +23,8 @@ def configure(p) -> None:
 
 
 def run(args) -> int:
+    from backends.torch_dist.errors import require_torch
+    require_torch("run")
     from backends.torch_dist import parse_dtype, run_local
     result = run_local(args.file, args.nprocs, args.size, parse_dtype(args.dtype), seed=args.seed,
                        inplace=args.inplace, timeout=args.timeout, op=args.op, iters=args.iters)
