@@ -124,6 +124,7 @@ def test_no_half_written_file_on_error(tmp_path):
     (("alltoall", "--hw", "dgx2", "--method", "lp", "--chunks", "0"), "--chunks"),
     # 8 ranks x 13 chunks do not divide 10^9 bytes' 2.5e8 float32 elements: refused before any planning
     (("alltoall", "--hw", "dgx-a100", "--size", "1GB", "--instances", "13"), "--instances: 13 cuts"),
+    (("allgather", "--hw", "dgx2", "--instances", "1000"), "--instances: 1000 needs 1000 channels; MSCCL allows 32"),
 ])
 def test_cli_errors(tmp_path, args, needle):
     proc = run_cli(*args, cwd=tmp_path)

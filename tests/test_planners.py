@@ -232,3 +232,14 @@ def test_reduction_with_single_contributors_plans(method):
     assert simulate(topo, schedule).finish_time_s > 0  # the simulator refuses unmet needs
     v = verify(lower(schedule, topo, LowerOptions(runtime="old")), "old", demand)
     assert v.ok, v.summary()  # every destination ends with the full sum of its chunk
+
+
+def test_auto_says_a_reason_shared_by_candidates_once():
+    from compiler.planners.auto import WRITTEN, _same_reasons_once
+    why = "--instances: 7 cuts the buffer into chunks that split 4-byte elements"
+    failed = [f"milp at 2x{WRITTEN}{why}", "lp: no schedule within 9 epochs", f"milp at 4x{WRITTEN}{why}",
+              f"hier at 1x{WRITTEN}rank 0 needs 99 thread blocks"]
+    said = _same_reasons_once(failed)
+    assert said == [f"milp at 2x, milp at 4x{WRITTEN}{why}", "lp: no schedule within 9 epochs",
+                    f"hier at 1x{WRITTEN}rank 0 needs 99 thread blocks"]
+    assert "; ".join(said).count(why) == 1

@@ -126,6 +126,13 @@ class LowerOptions:
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
 
+def too_many_instances(instances: int) -> str | None:
+    """Why `instances` cannot be written whatever the plan (each instance is a channel at least)."""
+    if instances > MAX_CHANNELS:
+        return f"--instances: {instances} needs {instances} channels; MSCCL allows {MAX_CHANNELS}"
+    return None
+
+
 def check_options(o: LowerOptions) -> None:
     if o.proto == AUTO:
         raise LoweringError("--proto: auto is chosen by the pipeline (compiler.realise); lower() takes one protocol")
@@ -133,8 +140,8 @@ def check_options(o: LowerOptions) -> None:
         raise LoweringError(f"--proto: {o.proto!r} is not a protocol (known: {', '.join(PROTOCOLS)})")
     if not isinstance(o.instances, int) or o.instances < 1:
         raise LoweringError(f"--instances: {o.instances!r} must be a whole number >= 1")
-    if o.instances > MAX_CHANNELS:
-        raise LoweringError(f"--instances: {o.instances} needs {o.instances} channels; MSCCL allows {MAX_CHANNELS}")
+    if too_many_instances(o.instances):
+        raise LoweringError(too_many_instances(o.instances))
     if o.min_bytes < 0 or o.max_bytes < 0 or (o.max_bytes and o.max_bytes < o.min_bytes):
         raise LoweringError(f"--size-range: {o.min_bytes}..{o.max_bytes} is not a range of sizes")
     if not isinstance(o.pace_ahead, int) or o.pace_ahead < 0:

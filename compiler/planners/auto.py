@@ -104,6 +104,7 @@ GOOD_ENOUGH = 0.995  # of the lower bound: no finer chunking can pay
 BUDGET = 0.9  # of the time limit for planning: simulating and judging the candidates takes the rest
 BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a judged program is not judged
 # (no program beats its schedule's ideal by much: instances cutting chunks finer gained under 2 % in our tables)
+WRITTEN = " cannot be written: "  # joins a candidate and why its program cannot be written (failed)
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 CHEAPER_FIRST = 0.95  # a candidate whose probe (or plan) is within this share of the next one's is judged before
@@ -382,7 +383,7 @@ class Search:
                 self.probe_s[id(c)] = time.perf_counter() - began
             except CompileError as e:
                 self.results.remove(c)
-                self.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
+                self.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
         return out
 
     def optimisers(self, demand: Demand) -> bool:
@@ -481,7 +482,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
         try:
             c = replace(c, program_s=judge_program(c.schedule))
         except CompileError as e:
-            search.failed.append(f"{c.method} at {c.parts}x cannot be written: {e}")
+            search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
             continue
         finally:
             search.judged(asked, time.perf_counter() - now)
@@ -553,6 +554,16 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         judge(search, options.judge, options.judge_until or options.deadline, options.good_enough)
         if not search.results or search.results[0].program_s is None:
             raise CompileError("auto: no candidate can be written as a program for the target runtimes ("
-                               + "; ".join(search.failed[-3:]) + ")")
+                               + "; ".join(_same_reasons_once(search.failed[-3:])) + ")")
     best = search.results[0].schedule
     return replace(best, solve_time=time.perf_counter() - t0, notes=tuple(search.why(demand)) + best.notes)
+
+
+def _same_reasons_once(failed: list[str]) -> list[str]:
+    """`milp at 2x cannot be written: R`, `milp at 4x ...: R` as `milp at 2x, milp at 4x cannot be
+    written: R` (with --instances N every chunk count fails alike: one reason, said once)."""
+    by_reason: dict[str, list[str]] = {}
+    for f in failed:
+        who, sep, why = f.partition(WRITTEN)
+        by_reason.setdefault(why if sep else f, []).append(who if sep else "")
+    return [", ".join(who) + WRITTEN + why if who[0] else why for why, who in by_reason.items()]

@@ -188,9 +188,13 @@ def build_demand(args, topo, warnings: list[str]):
 
 
 def check_instances(demand, instances: int, element_bytes: int) -> None:
-    """--instances N whose chunks would split elements at --size, before any planning (the runtimes
-    would run NCCL's own algorithm at that size; compiler/realise.divides)."""
+    """--instances N that needs more channels than MSCCL has, or whose chunks would split elements at
+    --size, before any planning (the runtimes would run NCCL's own algorithm at that size;
+    compiler/realise.divides)."""
+    from compiler.lowering.lower import too_many_instances
     from compiler.realise import divides, uneven_instances
+    if too_many_instances(instances):
+        raise ArgumentError(too_many_instances(instances))
     if not divides(demand, instances, element_bytes):
         raise ArgumentError(uneven_instances(demand, instances, element_bytes))
 
