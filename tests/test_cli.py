@@ -149,3 +149,10 @@ def test_progress_reports_only_after_two_seconds(monkeypatch, capsys):
     report("horizon 30 epochs: feasible")
     err = capsys.readouterr().err
     assert "early" not in err and "horizon 30 epochs: feasible" in err and err.startswith("[   3.0s]")
+
+
+def test_json_has_no_infinity_or_nan(capsys):
+    from compiler.cli.common import emit_json
+    emit_json({"algbw_GBps": float("inf"), "rows": [{"t": float("nan")}, (1.5, -float("inf"))], "n": 3})
+    strict = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert strict == {"algbw_GBps": None, "rows": [{"t": None}, [1.5, None]], "n": 3}

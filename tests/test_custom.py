@@ -143,3 +143,17 @@ def test_run_refuses_custom_without_its_demand(tmp_path, topo):
     (tmp_path / "c.xml").write_text(to_xml(replace(p, demand=None), "old"))
     proc = run_cli("run", "c.xml", "--nprocs", "4", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "carries no demand" in proc.stderr
+
+
+@pytest.mark.parametrize("doc", [{"chunks": [{"from": 0, "to": [0]}]},
+                                 {"chunks": [{"from": 1, "to": [1]}], "reduce": True}])
+def test_a_demand_that_moves_nothing_is_refused_in_one_line(tmp_path, doc):
+    """Its program would take no time: an infinite algbw, and JSON with Infinity in it."""
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    proc = run_cli("custom", "--hw", "dgx-a100", "--demand", "d.json", "--json", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "d.json: chunks: no chunk has to move" in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"]
+    moving = {"chunks": doc["chunks"] + [{"from": 0, "to": [1]}], "reduce": doc.get("reduce", False)}
+    (tmp_path / "d.json").write_text(json.dumps(moving))  # one chunk that moves: planned as before
+    assert run_cli("custom", "--hw", "dgx-a100", "--demand", "d.json", "--no-xml", cwd=tmp_path).returncode == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -68,8 +69,20 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def finite(obj):
+    """obj with every infinite or NaN float as None: json.dumps would write Infinity and NaN, which
+    are not JSON (jq and most parsers refuse them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def emit_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True))
+    print(json.dumps(finite(obj), indent=2, sort_keys=True, allow_nan=False))
 
 
 def load_topology(spec: str, nodes: int = 1) -> "Topology":

@@ -190,8 +190,19 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
                 di.append(out_next[r])
                 out_next[r] += 1
             out.append(Chunk(len(out), tuple(src), tuple(dst), tuple(si), tuple(di), int(c.get("job", 0))))
-    return Demand(CUSTOM, ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
-                  chunks, reduce, None, max(in_next), max(out_next))
+    demand = Demand(CUSTOM, ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
+                    chunks, reduce, None, max(in_next), max(out_next))
+    if moves_nothing(demand):  # its program would take no time: algbw infinite, nothing to compare or bench
+        raise DemandError(f"{path}: chunks: no chunk has to move (every rank in \"to\" holds it already"
+                          + (", as its only contributor" if reduce else "") + "): there is nothing to plan")
+    return demand
+
+
+def moves_nothing(demand: Demand) -> bool:
+    """No chunk has to travel: every destination holds its chunk already (for a reduction, it is
+    the chunk's only contributor). A phase of a reduction can be like that (a chunk with one
+    contributor needs no reduce-scatter), and no planner has a horizon of 0 epochs."""
+    return all(set(c.dests) <= set(c.sources) and (not demand.reduce or len(c.sources) == 1) for c in demand.chunks)
 
 
 def on_ranks(demand: Demand, ranks: list[int], ngpus: int) -> Demand:

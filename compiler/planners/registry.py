@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from compiler.model.demand import Demand
+from compiler.model.demand import Demand, moves_nothing
 from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
@@ -45,13 +45,6 @@ def get(name: str) -> Planner:
         import importlib
         importlib.import_module(f"compiler.planners.{MODULES[name]}")  # importing a planner module registers it
     return PLANNERS[name]
-
-
-def moves_nothing(demand: Demand) -> bool:
-    """No chunk has to travel: every destination holds its chunk already (for a reduction, it is
-    the chunk's only contributor). A phase of a reduction can be like that (a chunk with one
-    contributor needs no reduce-scatter), and no planner has a horizon of 0 epochs."""
-    return all(set(c.dests) <= set(c.sources) and (not demand.reduce or len(c.sources) == 1) for c in demand.chunks)
 
 
 def nothing_to_move(topo: Topology, demand: Demand, method: str) -> Schedule:
