@@ -70,7 +70,7 @@ def test_every_node_sends_to_the_same_node_offsets_at_the_same_epochs(topo, monk
         monkeypatch.setattr(hierarchical, "network_peers", lambda topo: peers)
     t = topo("dgx-h100", 8)
     d, s, m = planned(t, "allgather")
-    per, nodes = t.gpus_per_node, t.nodes
+    nodes = t.nodes
     def offsets(g):
         return sorted((x.start, (t.node_of(x.dst) - t.node_of(g)) % nodes) for x in s.transfers
                       if x.src == g and t.node_of(x.dst) != t.node_of(g))

@@ -3,7 +3,6 @@
 import json
 import math
 
-import pytest
 
 from backends.msccl_xml import read_xml, to_xml
 from compiler.analysis.bounds import Bound, lower_bound

@@ -7,10 +7,14 @@ import csv
 import io
 import os
 import statistics
+from typing import TYPE_CHECKING
 
 from compiler.fileio import atomic_write
 
 from .options import SIDES
+
+if TYPE_CHECKING:
+    from .results import BenchResult
 
 
 def table(result: "BenchResult") -> list[str]:

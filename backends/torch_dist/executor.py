@@ -164,7 +164,7 @@ def _sentinel(n: int, dtype: torch.dtype, device) -> torch.Tensor:
 def _buffers(p: Program, rank: int, flat: torch.Tensor, ce: int, inplace: bool) -> dict[str, torch.Tensor]:
     """This rank's i, o and s buffers (chunks of `ce` elements) for a call on input `flat`, laid
     out as compiler.program.semantics.layout says: in place the view is a slice of the base."""
-    g, (n_in, n_out) = p.gpus[rank], io_chunks(p)
+    g, (_, n_out) = p.gpus[rank], io_chunks(p)
     dtype, device = flat.dtype, flat.device
     lay = layout(p, rank, inplace)
     alias = lay.alias

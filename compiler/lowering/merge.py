@@ -97,7 +97,6 @@ def _compact(code: RankCode, heads: dict[tuple[int, int, int], int],
     before their head, and renumber what refers to steps."""
     rank = code.rank
     index: list[list[int]] = []
-    waits: list[list[tuple[DraftStep, Dep]]] = []  # steps whose dependency is renumbered afterwards
     for t, tb in enumerate(code.tbs):
         new, kept = [], []
         for i, st in enumerate(tb.steps):

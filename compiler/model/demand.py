@@ -12,9 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import DemandError
+
+if TYPE_CHECKING:  # numpy is imported where masks() runs
+    import numpy as np
+
 
 @dataclass(frozen=True)
 class Chunk:
