@@ -3,7 +3,10 @@ import pytest
 from compiler.model.demand import make_demand
 from compiler.specs.errors import CompileError
 from compiler.planners import PlanOptions, plan
-from compiler.analysis.simulate import simulate
+from compiler.analysis.simulate import bound_of, program_floor, simulate
+from compiler.lowering.lower import LowerOptions
+from compiler.program.verify import verify
+from compiler.realise import realise
 
 GB = 10**9
 
@@ -40,8 +43,6 @@ def test_reduce_scatter_through_the_dual(topo):
 def test_clear_errors(topo):
     with pytest.raises(CompileError, match="needs several nodes"):
         planned(topo("dgx2"), "allgather")
-    with pytest.raises(CompileError, match="cannot reach rank"):
-        planned(topo("mi250", 2), "allgather")
     with pytest.raises(CompileError, match="not alltoall"):
         planned(topo("dgx2", 2), "alltoall")
 
@@ -77,3 +78,40 @@ def test_every_node_sends_to_the_same_node_offsets_at_the_same_epochs(topo, monk
     assert all(offsets(g) == offsets(0) for g in range(t.ngpus))
     assert len(offsets(0)) == nodes - 1
     assert m.bound_ratio >= 0.85
+
+
+@pytest.mark.parametrize("name", ["mi250", "ndv2", "dgx1"])
+def test_nodes_without_a_link_between_every_pair_fan_out_down_trees(topo, name):
+    """MI250's and DGX-1's GPUs are not all joined by direct links (hier refused them, and auto fell
+    back to ring: 0.27-0.53 of the bound): each chunk still crosses to each remote node once, and
+    inside a node it moves only over direct links, hop by hop, as the simulator accepts."""
+    t = topo(name, 2)
+    per = t.gpus_per_node
+    assert not all(t.paths(a, b) for a in range(per) for b in range(per) if a != b)
+    d, s, m = planned(t, "allgather", 2)
+    cross = [x for x in s.transfers if t.node_of(x.src) != t.node_of(x.dst)]
+    assert len(cross) == len(d.chunks) and len({(x.chunk, t.node_of(x.dst)) for x in cross}) == len(cross)
+    inside = [x for x in s.transfers if t.node_of(x.src) == t.node_of(x.dst)]
+    assert all(x.path == (x.src, x.dst) and t.paths(x.src, x.dst) for x in inside)
+    assert any("down trees of its links" in n for n in s.notes)
+    assert m.bound_ratio <= 1 + 1e-9
+    _, _, ring = planned(t, "allgather", 2, "ring")
+    assert m.finish_time_s < ring.finish_time_s
+
+
+def test_mi250_two_nodes_hier_program_verifies_and_beats_rounds(topo):
+    """The program realise writes for RCCL verifies, and reaches 0.9 of the program floor (rounds,
+    auto's choice before, after a minute of planning: 0.855; ring: 0.27)."""
+    t = topo("mi250", 2)
+    d, s, _ = planned(t, "allgather")
+    r = realise(s, t, LowerOptions(proto="auto", instances=0), "rccl")
+    assert verify(r.program, "rccl", d.split(r.instances), t.sms).ok
+    assert program_floor(t, bound_of(t, d)) / r.timing.finish_time_s >= 0.9
+
+
+def test_mi250_reduce_scatter_through_the_dual_of_the_trees(topo):
+    t = topo("mi250", 2)
+    _, s, m = planned(t, "reduce_scatter", 2)
+    assert all(x.reduce for x in s.transfers) and all(len(x.path) == 2 for x in s.transfers
+                                                      if t.node_of(x.src) == t.node_of(x.dst))
+    assert m.bound_ratio <= 1 + 1e-9

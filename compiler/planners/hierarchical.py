@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import defaultdict
 
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
@@ -32,6 +33,7 @@ from compiler.model.timing import expand
 from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
+from compiler.planners.trees import _prune, arborescences, assign, multicast_loads
 from compiler.planners.options import PlanOptions
 from compiler.gcpause import without_gc
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
@@ -94,13 +96,55 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "hier"))  # a million transfers, fewer pairs
     for *_, chunk, a, b in sorted(cross):
         ls.add(chunk, a, b, path(a, b))
-    for _, chunk, a, b in sorted(local):
-        ls.add(chunk, a, b, path(a, b))
-    ready = ls.ready
-    fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
-    for chunk, a, b in fanout:
-        ls.add(chunk, a, b, path(a, b))
+    inside = "then fans out inside each node"
+    if all(topo.paths(a, b) for a in range(per) for b in range(per) if a != b):
+        for _, chunk, a, b in sorted(local):
+            ls.add(chunk, a, b, path(a, b))
+        ready = ls.ready
+        fanout.sort(key=lambda f: (ready.get((f[0], f[1]), 0), (f[2] - f[1]) % n, f[0]))
+        for chunk, a, b in fanout:
+            ls.add(chunk, a, b, path(a, b))
+    else:
+        inside = fan_out_on_trees(topo, ls, [(c, s, d) for _, c, s, d in local] + fanout)
     how = (f"in {peers // 2} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
            f"remote nodes are more than the {peers} network peers a GPU has room for)" if ring else "to the same-rail GPU")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
-                                         "then fans out inside each node",))
+                                         f"{inside}",))
+
+
+def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, int, int]]) -> str:
+    """Where a node's GPUs are not all joined by direct links (MI250's Infinity Fabric, DGX-1's
+    hybrid cube mesh), each (chunk, holder, destination) of `sends` inside a node goes down a tree
+    of the node rooted at the holder, as the trees planner cuts them from the multicast flow LP
+    (trees.py) over one node's links, the same for every node (the nodes are alike): each chunk a
+    holder fans out to the tree of that holder that keeps its busiest link least busy, pruned to
+    the chunk's destinations; hops in order of the chunk's arrival at its holder, then depth. Says
+    how, for the notes."""
+    per = topo.gpus_per_node
+    wanted: dict[tuple[int, int], set[int]] = defaultdict(set)  # (chunk, holder) -> its node's destinations
+    for chunk, a, b in sends:
+        wanted[(chunk, a)].add(b)
+    items = sorted(wanted)
+    by_root: dict[int, list[int]] = defaultdict(list)  # local rank -> the items it fans out
+    dests: dict[int, set[int]] = defaultdict(set)  # local rank -> local destinations
+    for i, (chunk, a) in enumerate(items):
+        by_root[a % per].append(i)
+        dests[a % per] |= {b % per for b in wanted[(chunk, a)]}
+    node = [l for l in topo.links if l.src < per and l.dst < per and topo.is_gpu(l.src) and topo.is_gpu(l.dst)]
+    volume = {r: float(len(ids)) for r, ids in by_root.items()}
+    _, loads = multicast_loads(topo, volume, dests, over=node)
+    trees = {r: arborescences(r, loads[r], dests[r], volume[r]) for r in sorted(by_root)}
+    top = max(l.bandwidth * l.count for l in node)
+    which = assign(by_root, trees, {(l.src, l.dst): l.bandwidth * l.count / top for l in node})
+    hops = []
+    for i, (chunk, a) in enumerate(items):
+        root, base = a % per, a - a % per
+        edges = _prune(root, list(trees[root][which[i]][0]), {b - base for b in wanted[(chunk, a)]})
+        depth = {root: 0}
+        for x, y in edges:
+            depth[y] = depth[x] + 1
+            hops.append((ls.ready[(chunk, a)], depth[x], (y - x) % per, chunk, base + x, base + y))
+    for *_, chunk, x, y in sorted(hops):
+        ls.add(chunk, x, y, (x, y))
+    return (f"then fans out inside each node down trees of its links ({sum(map(len, trees.values()))} from the "
+            "multicast flow LP of one node; not every pair of its GPUs has a direct link)")

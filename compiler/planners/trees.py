@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
 from compiler.model.demand import Demand
 from compiler.model.schedule import Schedule
 from compiler.model.timing import expand
-from compiler.model.topology import Topology
+from compiler.model.topology import Link, Topology
 from compiler.planners.baselines import ListScheduler, is_mesh
 from compiler.planners.options import PlanOptions
 from compiler.planners.registry import register
@@ -55,15 +56,17 @@ def _why_not(topo: Topology, demand: Demand) -> str | None:
     return None
 
 
-def multicast_loads(topo: Topology, volume: dict[int, float],
-                    dests: dict[int, set[int]]) -> tuple[float, dict[int, dict[Edge, float]]]:
+def multicast_loads(topo: Topology, volume: dict[int, float], dests: dict[int, set[int]],
+                    over: Sequence[Link] | None = None) -> tuple[float, dict[int, dict[Edge, float]]]:
     """(T, load[s][edge]): the least T in which each source s sends volume[s] to every rank of
     dests[s], the flow to each destination within s's load on every link, the loads together within
-    bandwidth x count x T (volumes and bandwidths in any one unit)."""
+    bandwidth x count x T (volumes and bandwidths in any one unit). over: the links to use (default:
+    all of topo's; hier gives one node's)."""
     import scipy.sparse as sp  # loaded with the planner only (auto imports `applies` from here)
     from scipy.optimize import linprog
-    links = [(l.src, l.dst) for l in topo.links]
-    cap = np.array([l.bandwidth * l.count for l in topo.links])
+    over = topo.links if over is None else over
+    links = [(l.src, l.dst) for l in over]
+    cap = np.array([l.bandwidth * l.count for l in over])
     cap = cap / cap.max()
     nodes = sorted({v for e in links for v in e})
     srcs = sorted(volume)
