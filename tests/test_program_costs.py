@@ -400,3 +400,27 @@ def test_a_judging_is_estimated_from_its_candidate_s_probe_where_there_is_one(to
     search.judged(one, 2.0)
     assert search.judging_s(four) == pytest.approx(3.0)
     assert search.judging_s(other) == pytest.approx(2.0 / len(small.transfers) * len(large.transfers))
+
+
+def test_a_whole_chunk_forwarded_down_hops_is_judged_by_what_its_finer_chunkings_plan():
+    """Instances cut each chunk as a finer chunking does, so for a method that routes every piece as
+    the whole (hier, ring, direct) its finest planned chunking's ideal bounds what its program may
+    reach: MI250 x 2 allgather hier/1ch planned 9.07 ms, hier/8ch 5.54, and hier/1ch's program with
+    8 instances took 5.52. An optimiser's finer chunkings route otherwise: its own plan stays."""
+    from types import SimpleNamespace
+    from compiler.planners.auto import BEYOND, Candidate, Search, judge, judging_order
+
+    def cand(plan_s, parts, method, program_s=None):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(10 * parts)), 0.5,
+                         program_s=program_s)
+    hier1, hier8, rounds1, rounds8 = cand(9.07, 1, "hier"), cand(5.54, 8, "hier"), cand(9.0, 1, "rounds"), \
+        cand(5.4, 8, "rounds", 5.8)
+    search = Search(None, None, 0.0, (1, 8), results=[rounds8, hier8, rounds1, hier1])
+    assert search.reach(hier1) == 5.54 and search.reach(hier8) == 5.54 and search.reach(rounds1) == 9.0
+    assert BEYOND * search.reach(hier1) < rounds8.program_s <= BEYOND * hier1.finish_time_s
+    assert judging_order(search.results, {}, search.reach)[:3] == [hier1, rounds8, hier8]  # fewest transfers first
+    asked = []
+    judge(search, lambda s: asked.append(s) or 5.52, None)
+    assert [s is hier1.schedule for s in asked].count(True) == 1
+    assert not any(s is rounds1.schedule for s in asked)  # rounds/1ch's plan cannot beat 5.8 ms
+    assert search.results[0].method == "hier" and search.results[0].parts == 1
