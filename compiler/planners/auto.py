@@ -224,7 +224,9 @@ class Search:
         chunk as those do, and a chunk forwarded whole down several hops is what they pipeline:
         MI250 x 2 allgather hier/1ch planned 9.07 ms and its program with 8 instances took 5.52,
         as hier/8ch planned 5.54; DGX-1 x 2 went from rounds/4ch's 0.917 of the floor to hier/1ch's
-        0.961)."""
+        0.961). It is what its program may reach, not what it will: ranked by it too, DGX-2 x 2
+        allgather 1 GB judged hier/1ch (0.962 of the floor) before hier/2ch (0.983), and in 10 s
+        wrote the former."""
         if c.method not in SAME_ROUTES:
             return c.finish_time_s
         return min([c.finish_time_s] + [k.finish_time_s for k in self.results
@@ -478,7 +480,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
     fresh, kept = 0, []
     probes = probes or {}
-    for c in judging_order(search.results, probes, search.reach):
+    for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
         if done and late and c.program_s is None and fresh < JUDGED and (only is None or c.method in only) \
@@ -507,18 +509,17 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     search.results = kept
 
 
-def judging_order(results: list[Candidate], probes: dict[int, float],
-                  reach: Callable[[Candidate], float] = lambda c: c.finish_time_s) -> list[Candidate]:
+def judging_order(results: list[Candidate], probes: dict[int, float]) -> list[Candidate]:
     """The candidates in the order judge realises them: those probed first, by their probe, then the
-    others by their plan (`reach`: Search.reach, what finer instances may make of it); but of the candidates within CHEAPER_FIRST of the next in that order (by
+    others by their plan; but of the candidates within CHEAPER_FIRST of the next in that order (by
     the same measure), the one with the fewest transfers goes first (its judging is the shortest,
     and where it reaches --good-enough the search ends: DGX-2 x 2 allgather 1 GB planned hier/10ch
     a hair faster than hier/4ch, and judging it took 6.6 s, where hier/4ch's took 3, for the same
     0.983 of the floor; at 64 MB hier/4ch planned 3.4 % faster than hier/2ch, whose program was the
     faster, 0.985 of the floor, judged in 1.3 s where hier/4ch took 6.5 and hier/8ch 17: under load
     the limit came before hier/2ch was judged)."""
-    key = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), reach(c), c.parts, c.method)  # noqa: E731
-    measure = lambda c: probes.get(id(c), reach(c))  # noqa: E731
+    key = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), c.finish_time_s, c.parts, c.method)  # noqa: E731
+    measure = lambda c: probes.get(id(c), c.finish_time_s)  # noqa: E731
     rest, out = sorted(results, key=key), []
     while rest:
         head = rest[0]
