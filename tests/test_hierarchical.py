@@ -115,3 +115,18 @@ def test_mi250_reduce_scatter_through_the_dual_of_the_trees(topo):
     assert all(x.reduce for x in s.transfers) and all(len(x.path) == 2 for x in s.transfers
                                                       if t.node_of(x.src) == t.node_of(x.dst))
     assert m.bound_ratio <= 1 + 1e-9
+
+
+def test_tree_nodes_send_to_few_network_peers_in_chains(topo):
+    """A rank's thread blocks hold its network peers and tree neighbours times the instances, and
+    the instances are what fill the links inside an MI250 node: beyond TREE_PEERS remote nodes each
+    rail forwards in chains, and every chunk still reaches every remote node once."""
+    from compiler.planners.hierarchical import TREE_PEERS
+    t = topo("mi250", 8)
+    d, s, m = planned(t, "allgather")
+    cross = [x for x in s.transfers if t.node_of(x.src) != t.node_of(x.dst)]
+    assert len(cross) == len(d.chunks) * 7 and len({(x.chunk, t.node_of(x.dst)) for x in cross}) == len(cross)
+    peers = {g: {x.dst for x in cross if x.src == g} for g in range(t.ngpus)}
+    assert max(map(len, peers.values())) <= TREE_PEERS < 7
+    assert all(x.dst % t.gpus_per_node == x.src % t.gpus_per_node for x in cross)  # along rails
+    assert m.bound_ratio <= 1 + 1e-9

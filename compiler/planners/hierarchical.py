@@ -40,6 +40,7 @@ from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
 
 
 CROWDED_CHAINS = 8  # chains each way where the GPUs alone take a quarter of a rank's XML nodes
+TREE_PEERS = 4  # network peers a GPU has where its node's fan-out goes down trees (see network_peers)
 
 
 def network_peers(topo: Topology) -> int:
@@ -50,7 +51,21 @@ def network_peers(topo: Topology) -> int:
     paced; with only the NICs paced (realise's LEAD) 16 fit, and they beat 8 (chains of 16 nodes
     pay a step latency per hop: 0.866 of the bound) and 24 (0.862): 0.891."""
     peers = max(2, MAX_TBS_PER_CHANNEL - (topo.gpus_per_node - 1))
+    if nodes_need_trees(topo):
+        # the thread blocks of a rank (RCCL's 63 on MI250) hold its network peers, its tree neighbours and their
+        # channel groups, times the instances; per-link bandwidth inside the node needs the instances. MI250 allgather
+        # 2^30 B, hier/1ch at 8, 16 and 32 nodes: 7, 15 and 16 peers made 0.902, 0.668 (one instance fit) and 0.719
+        # of the bound; 8 peers -, 0.811 and 0.762; 4 peers 0.932, 0.808 and 0.849. At 10^9 B, where one instance is
+        # all the elements allow at 16 and 32 nodes: 0.661 and 0.736; 0.666 and 0.775; 0.621 and 0.848
+        return min(peers, TREE_PEERS)
     return min(peers, 2 * CROWDED_CHAINS) if 4 * topo.ngpus >= MAX_NODES else peers
+
+
+def nodes_need_trees(topo: Topology) -> bool:
+    """Whether a node's GPUs are not all joined by direct links (MI250, DGX-1), so that hier's fan-out
+    inside a node goes down trees (fan_out_on_trees) rather than straight to each GPU."""
+    per = topo.gpus_per_node
+    return not all(topo.paths(a, b) for a in range(per) for b in range(per) if a != b)
 
 
 @register("hier")
@@ -97,7 +112,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     for *_, chunk, a, b in sorted(cross):
         ls.add(chunk, a, b, path(a, b))
     inside = "then fans out inside each node"
-    if all(topo.paths(a, b) for a in range(per) for b in range(per) if a != b):
+    if not nodes_need_trees(topo):
         for _, chunk, a, b in sorted(local):
             ls.add(chunk, a, b, path(a, b))
         ready = ls.ready
