@@ -33,7 +33,7 @@ from compiler.model.timing import expand
 from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
-from compiler.planners.trees import _prune, arborescences, assign, multicast_loads
+from compiler.planners.trees import arborescences, assign, multicast_loads, prune
 from compiler.planners.options import PlanOptions
 from compiler.gcpause import without_gc
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
@@ -154,7 +154,7 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
     hops = []
     for i, (chunk, a) in enumerate(items):
         root, base = a % per, a - a % per
-        edges = _prune(root, list(trees[root][which[i]][0]), {b - base for b in wanted[(chunk, a)]})
+        edges = prune(root, list(trees[root][which[i]][0]), {b - base for b in wanted[(chunk, a)]})
         depth = {root: 0}
         for x, y in edges:
             depth[y] = depth[x] + 1

@@ -130,10 +130,10 @@ def widest_arborescence(root: int, load: dict[Edge, float], reach: set[int]) -> 
         _, a, b = best
         inside.add(b)
         edges.append((a, b))
-    return tuple(_prune(root, edges, reach))
+    return tuple(prune(root, edges, reach))
 
 
-def _prune(root: int, edges: list[Edge], reach: set[int]) -> list[Edge]:
+def prune(root: int, edges: list[Edge], reach: set[int]) -> list[Edge]:
     """Drop branches that lead to no rank of `reach` (a relay that needs nothing is kept only on a path)."""
     kids = defaultdict(list)
     for a, b in edges:
