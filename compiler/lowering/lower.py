@@ -140,8 +140,9 @@ def check_options(o: LowerOptions) -> None:
         raise LoweringError(f"--proto: {o.proto!r} is not a protocol (known: {', '.join(PROTOCOLS)})")
     if not isinstance(o.instances, int) or o.instances < 1:
         raise LoweringError(f"--instances: {o.instances!r} must be a whole number >= 1")
-    if too_many_instances(o.instances):
-        raise LoweringError(too_many_instances(o.instances))
+    too_many = too_many_instances(o.instances)
+    if too_many:
+        raise LoweringError(too_many)
     if o.min_bytes < 0 or o.max_bytes < 0 or (o.max_bytes and o.max_bytes < o.min_bytes):
         raise LoweringError(f"--size-range: {o.min_bytes}..{o.max_bytes} is not a range of sizes")
     if not isinstance(o.pace_ahead, int) or o.pace_ahead < 0:

@@ -33,7 +33,7 @@ from compiler.model.timing import expand
 from compiler.model.topology import Topology
 from compiler.planners.registry import register
 from compiler.planners.baselines import ListScheduler, one_transfer_path
-from compiler.planners.trees import arborescences, assign, multicast_loads, prune
+from compiler.planners.trees import dealt, prune
 from compiler.planners.options import PlanOptions
 from compiler.gcpause import without_gc
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
@@ -131,10 +131,10 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
     """Where a node's GPUs are not all joined by direct links (MI250's Infinity Fabric, DGX-1's
     hybrid cube mesh), each (chunk, holder, destination) of `sends` inside a node goes down a tree
     of the node rooted at the holder, as the trees planner cuts them from the multicast flow LP
-    (trees.py) over one node's links, the same for every node (the nodes are alike): each chunk a
-    holder fans out to the tree of that holder that keeps its busiest link least busy, pruned to
-    the chunk's destinations; hops in order of the chunk's arrival at its holder, then depth. Says
-    how, for the notes."""
+    over one node's links (trees.dealt), the same for every node (the nodes are alike): each chunk
+    a holder fans out to the tree of that holder that keeps its busiest link least busy, pruned
+    to the chunk's destinations; hops in order of the chunk's arrival at its holder, then depth.
+    Says how, for the notes."""
     per = topo.gpus_per_node
     wanted: dict[tuple[int, int], set[int]] = defaultdict(set)  # (chunk, holder) -> its node's destinations
     for chunk, a, b in sends:
@@ -146,11 +146,7 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
         by_root[a % per].append(i)
         dests[a % per] |= {b % per for b in wanted[(chunk, a)]}
     node = [l for l in topo.links if l.src < per and l.dst < per and topo.is_gpu(l.src) and topo.is_gpu(l.dst)]
-    volume = {r: float(len(ids)) for r, ids in by_root.items()}
-    _, loads = multicast_loads(topo, volume, dests, over=node)
-    trees = {r: arborescences(r, loads[r], dests[r], volume[r]) for r in sorted(by_root)}
-    top = max(l.bandwidth * l.count for l in node)
-    which = assign(by_root, trees, {(l.src, l.dst): l.bandwidth * l.count / top for l in node})
+    _, trees, which = dealt(topo, by_root, dests, over=node)
     hops = []
     for i, (chunk, a) in enumerate(items):
         root, base = a % per, a - a % per

@@ -192,6 +192,19 @@ def assign(chunks: dict[int, list[int]], trees: dict[int, list[Tree]], cap: dict
     return out
 
 
+def dealt(topo: Topology, chunks: dict[int, list[int]], dests: dict[int, set[int]],
+          over: Sequence[Link] | None = None) -> tuple[float, dict[int, list[Tree]], dict[int, int]]:
+    """Steps 1-3 for the chunks of each source (`chunks`: source -> chunk ids, `dests`: source ->
+    destinations) over the links `over` (default: all of topo's): (the LP's T in chunk-times of the
+    widest link, each source's arborescences, chunk id -> index of its tree)."""
+    over = topo.links if over is None else over
+    volume = {s: float(len(ids)) for s, ids in chunks.items()}
+    fluid, loads = multicast_loads(topo, volume, dests, over)
+    trees = {s: arborescences(s, loads[s], dests[s], volume[s]) for s in sorted(chunks)}
+    top = max(l.bandwidth * l.count for l in over)
+    return fluid, trees, assign(chunks, trees, {(l.src, l.dst): l.bandwidth * l.count / top for l in over})
+
+
 @register("trees")
 def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
@@ -211,12 +224,7 @@ def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
         if any(set(demand.chunks[i].dests) - {s} != dests[s] for i in ids):
             raise CompileError(f"trees: rank {s}'s chunks go to different ranks; trees plans one set of "
                                "destinations per source (use milp or direct)")
-    volume = {s: float(len(ids)) for s, ids in chunks.items()}
-    fluid, loads = multicast_loads(topology, volume, dests)
-    trees = {s: arborescences(s, loads[s], dests[s], volume[s]) for s in sorted(chunks)}
-    top = max(l.bandwidth * l.count for l in topology.links)
-    cap = {(l.src, l.dst): l.bandwidth * l.count / top for l in topology.links}
-    which = assign(chunks, trees, cap)
+    fluid, trees, which = dealt(topology, chunks, dests)
     # step j + d: the depth-d edges of every source's j-th chunk (a tree lists a parent's edge before its children's)
     hops = []
     for s, ids in chunks.items():
@@ -230,7 +238,7 @@ def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     for *_, cid, a, b in sorted(hops):
         ls.add(cid, a, b, (a, b))
     used = sum(len({which[c] for c in ids}) for ids in chunks.values())
-    fluid_s = fluid * demand.chunk_bytes / top
+    fluid_s = fluid * demand.chunk_bytes / max(l.bandwidth * l.count for l in topology.links)
     notes = (f"trees: multicast flow LP {fluid_s * 1e3:.4g} ms (fluid, a lower bound on any copy schedule); "
              f"{sum(map(len, trees.values()))} arborescences, {used} carrying the {len(which)} chunks",)
     return ls.schedule("trees", started, notes)

@@ -193,8 +193,9 @@ def check_instances(demand, instances: int, element_bytes: int) -> None:
     compiler/realise.divides)."""
     from compiler.lowering.lower import too_many_instances
     from compiler.realise import divides, uneven_instances
-    if too_many_instances(instances):
-        raise ArgumentError(too_many_instances(instances))
+    too_many = too_many_instances(instances)
+    if too_many:
+        raise ArgumentError(too_many)
     if not divides(demand, instances, element_bytes):
         raise ArgumentError(uneven_instances(demand, instances, element_bytes))
 
