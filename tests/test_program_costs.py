@@ -424,3 +424,23 @@ def test_a_whole_chunk_forwarded_down_hops_is_judged_by_what_its_finer_chunkings
     assert [s is hier1.schedule for s in asked].count(True) == 1
     assert not any(s is rounds1.schedule for s in asked)  # rounds/1ch's plan cannot beat 5.8 ms
     assert search.results[0].method == "hier" and search.results[0].parts == 1
+
+
+def test_past_the_judged_count_a_candidate_its_finer_chunkings_plan_far_faster_is_still_judged():
+    """judge realises JUDGED candidates in plan order; one whose finer chunkings plan far faster
+    (Search.reach) plans last but may be the fastest program, so it is judged after them (MI250 x 2
+    allgather: rounds at 2, 4 and 8 chunks filled the count, and hier/1ch, 0.912 of the floor
+    against hier/2ch's 0.865, was never realised). Another candidate is not."""
+    from types import SimpleNamespace
+    from compiler.planners.auto import JUDGED, Candidate, Search, judge
+
+    def cand(plan_s, parts, method):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(10 * parts)), 0.5)
+    rounds = [cand(5.0 + 0.1 * i, 2 ** i, "rounds") for i in range(JUDGED)]
+    hier8, hier1, ring1 = cand(5.54, 8, "hier"), cand(9.07, 1, "hier"), cand(5.6, 1, "ring")
+    search = Search(None, None, 0.0, (1, 2, 4, 8), results=rounds + [hier8, ring1, hier1])
+    programs = {id(c.schedule): t for c, t in zip(rounds + [hier8, ring1, hier1], [5.8] * JUDGED + [12.78, 6.0, 5.52])}
+    asked = []
+    judge(search, lambda s: asked.append(s) or programs[id(s)], None)
+    assert [id(s) for s in asked] == [id(c.schedule) for c in rounds + [hier1]]
+    assert search.results[0].schedule is hier1.schedule

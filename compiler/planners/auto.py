@@ -478,6 +478,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
+    # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
+    pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
     fresh, kept = 0, []
     probes = probes or {}
     for c in judging_order(search.results, probes):
@@ -486,8 +488,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
         if done and late and c.program_s is None and fresh < JUDGED and (only is None or c.method in only) \
                 and not (enough() or beaten(c)):
             search.late.add((c.parts, c.method))
-        if c.program_s is not None or (only is not None and c.method not in only) or fresh == JUDGED \
-                or (done and (late or enough() or beaten(c))):
+        if c.program_s is not None or (only is not None and c.method not in only) \
+                or (fresh >= JUDGED and not pipelined(c)) or (done and (late or enough() or beaten(c))):
             kept.append(c)
             continue
         need, asked = search.judging_s(c), c
