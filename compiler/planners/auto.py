@@ -469,8 +469,9 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
           only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None) -> None:
     """Realise the best planned candidates (of the methods `only`, where given), in planned order
     (those with `probes`, one-instance program times by candidate id, first in their order),
-    until JUDGED more have programs: none more once the deadline has passed or one reaches
-    good_enough of the program floor (unless none has a program yet), and none whose ideal program
+    until JUDGED more have programs (after them, only those Search.reach puts far below their
+    plan): none more once the deadline has passed or one reaches good_enough of the program
+    floor (unless none has a program yet), and none whose ideal program (or reach)
     cannot beat a judged program by what finer instances gain, or would not be judged by the
     deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
     half a minute). A candidate whose program does not fit the runtimes is dropped (with
