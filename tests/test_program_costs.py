@@ -444,3 +444,31 @@ def test_past_the_judged_count_a_candidate_its_finer_chunkings_plan_far_faster_i
     judge(search, lambda s: asked.append(s) or programs[id(s)], None)
     assert [id(s) for s in asked] == [id(c.schedule) for c in rounds + [hier1]]
     assert search.results[0].schedule is hier1.schedule
+
+
+def test_a_pipelined_candidate_the_deadline_cut_is_named_as_left_out(monkeypatch):
+    """Past JUDGED, a candidate whose finer chunkings plan far faster would still be judged; where
+    the deadline came first it is marked late (the summary names it in `left out`), as a candidate
+    within the count is. One that would not be judged past the count is not marked."""
+    from types import SimpleNamespace
+    import compiler.planners.auto as auto
+    from compiler.planners.auto import JUDGED, Candidate, Search, judge
+
+    clock = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def cand(plan_s, parts, method):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(10 * parts)), 0.5)
+    rounds = [cand(5.0 + 0.1 * i, 2 ** i, "rounds") for i in range(JUDGED)]
+    hier8, hier1, ring1 = cand(5.54, 8, "hier"), cand(9.07, 1, "hier"), cand(5.6, 1, "ring")
+    search = Search(None, None, 0.0, (1, 2, 4, 8), results=rounds + [hier8, ring1, hier1])
+    took = {id(c.schedule): s for c, s in zip(rounds, [1.0] * (JUDGED - 1) + [20.0])}  # the last runs past the deadline
+
+    def judge_program(s):
+        clock[0] += took[id(s)]
+        return 5.8
+    judge(search, judge_program, 10.0)
+    judged = {id(c.schedule) for c in search.results if c.program_s is not None}
+    assert judged == {id(c.schedule) for c in rounds}
+    assert (1, "hier") in search.late  # hier/1ch: its finer chunking hier/8ch plans 5.54, far below its 9.07
+    assert (1, "ring") not in search.late and (8, "hier") not in search.late

@@ -486,7 +486,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
-        if done and late and c.program_s is None and fresh < JUDGED and (only is None or c.method in only) \
+        if done and late and c.program_s is None and (fresh < JUDGED or pipelined(c)) \
+                and (only is None or c.method in only) \
                 and not (enough() or beaten(c)):
             search.late.add((c.parts, c.method))
         if c.program_s is not None or (only is not None and c.method not in only) \
