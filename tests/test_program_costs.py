@@ -472,3 +472,36 @@ def test_a_pipelined_candidate_the_deadline_cut_is_named_as_left_out(monkeypatch
     assert judged == {id(c.schedule) for c in rounds}
     assert (1, "hier") in search.late  # hier/1ch: its finer chunking hier/8ch plans 5.54, far below its 9.07
     assert (1, "ring") not in search.late and (8, "hier") not in search.late
+
+
+def test_direct_is_left_out_where_a_pair_has_no_link(topo):
+    """On MI250 and DGX-1 not every pair of GPUs has a link: direct, which sends every need in one
+    transfer, is left out with the pair named (it used to be planned and listed as failed); where
+    every pair has one, it is a candidate. That pair really has no one-transfer path."""
+    from compiler.planners.auto import candidates
+    for name in ("dgx1", "mi250"):
+        t = topo(name)
+        tried, skipped = candidates(t, make_demand("allgather", t.ngpus, 10**8), PlanOptions())
+        assert "direct" not in tried
+        why = next(x for x in skipped if x.startswith("direct ("))
+        a, b = (int(w) for w in why.split() if w.isdigit())
+        assert not t.paths(a, b)
+    t = topo("dgx2")
+    assert "direct" in candidates(t, make_demand("allgather", t.ngpus, 10**8), PlanOptions())[0]
+
+
+def test_a_judging_left_out_in_one_pass_but_done_in_a_later_one_is_not_named():
+    """judge may find the deadline too near for a candidate in one pass and judge it in the next;
+    the summary then lists its program, not a `left out` judging of it. One never judged is named."""
+    from types import SimpleNamespace
+    from compiler.planners.auto import Candidate, Search
+
+    def cand(plan_s, parts, method, program_s=None):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(10)), 0.5, program_s=program_s)
+    done, never = cand(5.0, 8, "hier", 4.9), cand(5.5, 2, "rounds")
+    search = Search(None, None, 0.0, (1, 2, 4, 8), results=[done, never])
+    search.near[(8, "hier")] = 6.0
+    search.near[(2, "rounds")] = 2.0
+    left_out = next(x for x in search.why(make_demand("allgather", 8, 10**6)) if x.startswith("left out: "))
+    assert "judging rounds at 2x (about 2 s; the time limit is near)" in left_out
+    assert "hier at 8x" not in left_out

@@ -13,6 +13,7 @@ from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.background import Background, picklable, workers
+from compiler.planners.baselines import direct_hops
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 from compiler.planners.trees import applies as trees_apply
@@ -70,6 +71,10 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
     size = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
+    apart = out_of_one_hop(topo, plan_demand)
+    if apart is not None:
+        tried.remove("direct")
+        skipped.append(f"direct (rank {apart[0]} cannot reach rank {apart[1]} in one transfer)")
     if copies and topo.nodes > 1:
         tried.append("hier")
     if trees_apply(topo, plan_demand):
@@ -91,6 +96,12 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
         else:
             skipped.append(f"milp (about {exact} flow variables; above {MILP_MAX_FLOWS // 4} for a copy-free demand)")
     return tried, skipped
+
+
+def out_of_one_hop(topo: Topology, demand: Demand) -> tuple[int, int] | None:
+    """A (source, destination) that direct would send between and that no one transfer joins (on
+    MI250 and DGX-1 not every pair of GPUs has a link), else None: direct is then no candidate."""
+    return next(((a, b) for _, a, b, _ in direct_hops(topo, demand) if not topo.paths(a, b)), None)
 
 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
@@ -193,6 +204,8 @@ class Search:
     skipped: list[str] = field(default_factory=list)
     planned: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) tried so far
     late: set[tuple[int, str]] = field(default_factory=set)  # (parts, method) not judged: the judging's deadline came
+    near: dict[tuple[int, str], float] = field(default_factory=dict)  # (parts, method) not judged: the seconds its
+    # judging would take, the latest pass's, were more than the deadline left
     enough: str | None = None  # the judged program that ended the search, where one did
     judge_rate: float = 0.0  # the most seconds per transfer one candidate's judging took
     probe_s: dict[int, float] = field(default_factory=dict)  # seconds each probed candidate's probe took, by id
@@ -266,6 +279,7 @@ class Search:
             methods, left_out = [m for m in methods if m == "trees"], []
         if parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
+            left_out = [x for x in left_out if not x.startswith("direct (")]  # said once, at whole chunks
             if not any(m in ("milp", "lp", "rounds") for m in methods):
                 methods = [m for m in methods if m in ("ring", "trees")]
         for x in left_out:
@@ -445,9 +459,12 @@ class Search:
         late = [f"judging {c.method} at {c.parts}x (the time limit was reached)" for c in results
                 if c.program_s is None and (c.parts, c.method) in self.late and judged
                 and BEYOND * self.reach(c) < best.program_s  # its program might have been the faster
-                and not any(x.startswith(f"judging {c.method} at {c.parts}x (") for x in self.skipped)]
-        if self.skipped or late:
-            why.append("left out: " + "; ".join(dict.fromkeys(self.skipped + late)))  # once each, whichever pass
+                and (c.parts, c.method) not in self.near]
+        unjudged = {(c.parts, c.method) for c in results if c.program_s is None}  # a later pass may have judged it
+        near = [f"judging {m} at {parts}x (about {need:.0f} s; the time limit is near)"
+                for (parts, m), need in self.near.items() if (parts, m) in unjudged]
+        if self.skipped or near or late:
+            why.append("left out: " + "; ".join(dict.fromkeys(self.skipped + near + late)))  # once each, whichever pass
         if self.failed:
             why.append("failed: " + "; ".join(self.failed[:4]) + (" ..." if len(self.failed) > 4 else ""))
         return why
@@ -496,7 +513,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             continue
         need, asked = search.judging_s(c), c
         if done and deadline is not None and now + need > deadline:
-            search.skipped.append(f"judging {c.method} at {c.parts}x (about {need:.0f} s; the time limit is near)")
+            search.near[(c.parts, c.method)] = need
             kept.append(c)
             continue
         try:
