@@ -149,6 +149,8 @@ def test_memory_is_estimated_before_allocating():
     (["--size", "-1MB"], "argument --size: '-1MB' must be positive"),
     (["--size", "-5"], "argument --size: '-5' must be positive"),
     (["--nodes", "-2"], "argument --nodes: '-2' must be >= 1"),
+    (["--good-enough", "95"], "argument --good-enough: '95' must be a share of the lower bound, at most 1 (0.95 for 95 %)"),
+    (["--good-enough", "1.5"], "'1.5' must be a share of the lower bound, at most 1"),
     (["--root", "1"], "--root 1 (allgather has no root"),
     (["--demand", "d.json"], "--demand is for the custom collective"),
 ])

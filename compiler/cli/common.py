@@ -55,6 +55,15 @@ positive_int = number(int, 1)
 non_negative_float = number(float, 0.0)
 
 
+def share(text: str) -> float:
+    """An argparse type: a share of the lower bound, in [0, 1] (95 is refused, not read as 95 %)."""
+    value = non_negative_float(text)
+    if not value <= 1:
+        percent = f" ({value / 100:g} for {value:g} %)" if 10 <= value <= 100 else ""
+        raise argparse.ArgumentTypeError(f"{text!r} must be a share of the lower bound, at most 1{percent}")
+    return value
+
+
 def size_range_arg(text: str) -> tuple[int, int]:
     try:
         return parse_size_range(text, field="")

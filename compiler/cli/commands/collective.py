@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from compiler.cli.common import (PROG, ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
-                                 positive_int, size_arg, size_range_arg)
+                                 positive_int, share, size_arg, size_range_arg)
 from compiler.model.program import AUTO, PROTOCOLS
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, CHOICES
@@ -29,7 +29,7 @@ def configure(p, name: str) -> None:
                    help="seconds for planning (default 60)")
     p.add_argument("--gap", type=non_negative_float, default=1e-4, metavar="G",
                    help="relative MIP gap to stop at (default 1e-4)")
-    p.add_argument("--good-enough", type=non_negative_float, default=0.98, metavar="R",
+    p.add_argument("--good-enough", type=share, default=0.98, metavar="R",
                    help="stop searching once a written program reaches this share of the lower bound: no other "
                         "could gain more than the rest (default 0.98; 1 uses the whole time limit)")
     p.add_argument("--workers", type=positive_int, default=0, metavar="N",
