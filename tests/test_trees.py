@@ -85,7 +85,7 @@ def test_auto_plans_trees_at_the_chunkings_that_split_over_the_most_instances(to
     10^9 bytes only 25 per rank take 8 (20 take 5 at most: each would cost a judging for a worse
     program), at 2^30 only 16 are whole elements, at 64 MB all three take 8."""
     t = topo("mi250")
-    search = Search(t, PlanOptions(), time.perf_counter() + 60, REFINEMENTS + TREE_PARTS)
+    search = Search(t, PlanOptions(), time.perf_counter() + 60, REFINEMENTS + TREE_PARTS, fine="trees")
     for n in range(len(search.refinements)):
         if not search.chunking(make_demand("allgather", t.ngpus, size), n, only=("trees",)):
             break

@@ -14,6 +14,7 @@ from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.background import Background, picklable, workers
 from compiler.planners.baselines import direct_hops
+from compiler.planners.hierarchical import spreads
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 from compiler.planners.trees import applies as trees_apply
@@ -107,6 +108,9 @@ def out_of_one_hop(topo: Topology, demand: Demand) -> tuple[int, int] | None:
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
 # those of them whose chunks split into whole elements over the most instances up to TREE_INSTANCES (tree_parts)
+HIER_PARTS = (16, 32)  # and for hier alone where a node's chunks cross on rails of GPUs that are no source (a
+# broadcast's): the home node's fan-out, the network and the remote fan-out pipeline over many small chunks (DGX H100
+# x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702)
 TREE_INSTANCES = 8  # the instances that fill MI250's 4-link pairs; finer chunks than 25 per rank need more steps per
 # thread block there than RCCL's 64. At 1 GB = 10^9 bytes only 25 chunks take 8 (trees/25ch 0.964 of the bound,
 # trees/20ch with 4 0.921, and judging both took the command past 30 s); at 64 MB 20 and 25 do (trees/20ch 0.923)
@@ -211,6 +215,7 @@ class Search:
     probe_s: dict[int, float] = field(default_factory=dict)  # seconds each probed candidate's probe took, by id
     per_probe: float = 0.0  # what the latest probed candidate's judging took, in multiples of its probe
     refinings: dict = field(default_factory=dict)  # parts -> what refined() found for them
+    fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, HIER_PARTS)
 
     def judging_s(self, c: Candidate) -> float:
         """About how long judging `c` takes: its probe's seconds times what the latest judged
@@ -240,7 +245,7 @@ class Search:
         0.961). It is what its program may reach, not what it will: ranked by it too, DGX-2 x 2
         allgather 1 GB judged hier/1ch (0.962 of the floor) before hier/2ch (0.983), and in 10 s
         wrote the former."""
-        if c.method not in SAME_ROUTES:
+        if c.method not in SAME_ROUTES or c.method == self.fine == "hier":  # hier deals finer chunks over more rails
             return c.finish_time_s
         return min([c.finish_time_s] + [k.finish_time_s for k in self.results
                                         if k.method == c.method and k.parts > c.parts and k.parts % c.parts == 0])
@@ -271,13 +276,13 @@ class Search:
             # a later chunking may divide where this one does not (10^6 B of float32 on 16 GPUs: 62,500 B chunks split
             # into 2 or 3 break elements, into 5 do not: whole_parts makes the 4x refinement 5x)
             return any(demand.chunk_bytes % (q * options.element_bytes) == 0 for q in self.refinements[n + 1:])
-        if parts in TREE_PARTS and parts not in tree_parts(demand, options.element_bytes):
+        if self.fine == "trees" and n >= len(REFINEMENTS) and parts not in tree_parts(demand, options.element_bytes):
             say(f"{parts}x finer chunks (other chunkings for trees split into whole elements over more instances)")
             return parts in TREE_PARTS[:-1]
         methods = list(methods)
-        if n >= len(REFINEMENTS):  # TREE_PARTS
-            methods, left_out = [m for m in methods if m == "trees"], []
-        if parts > 1:
+        if n >= len(REFINEMENTS):  # TREE_PARTS or HIER_PARTS
+            methods, left_out = [m for m in methods if m == self.fine], []
+        elif parts > 1:
             methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
             left_out = [x for x in left_out if not x.startswith("direct (")]  # said once, at whole chunks
             if not any(m in ("milp", "lp", "rounds") for m in methods):
@@ -562,8 +567,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
     scale = at_scale(topo, copy_demand(demand))
     whole = tuple(whole_parts(demand.chunk_bytes, p, options.element_bytes) for p in REFINEMENTS)
-    refinements = whole + (TREE_PARTS if trees_apply(topo, copy_demand(demand)) else ())
-    search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,))
+    fine = "trees" if trees_apply(topo, copy_demand(demand)) else "hier" if spreads(topo, copy_demand(demand)) else None
+    refinements = whole + {"trees": TREE_PARTS, "hier": HIER_PARTS}.get(fine, ())
+    search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,), fine=fine)
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
     helper: list[Background] = []

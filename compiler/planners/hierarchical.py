@@ -77,38 +77,65 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
                            "use method='direct' on one node")
     if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks):
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
+    nodes, n, peers = topo.nodes, topo.ngpus, network_peers(topo)
+    rail = {} if nodes_need_trees(topo) else spread_over_idle_rails(demand, topo.gpus_per_node)
+    whole = all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1 for c in demand.chunks)
+    if whole and nodes - 1 > peers:
+        tried = [1 if rail else peers // 2]
+    elif whole and rail and nodes > 2:
+        # a node of few sources sends each chunk to every remote node (quick where latency binds), or down one chain
+        # of nodes each way (its rails would otherwise carry every byte once per remote node: DGX H100 x 8 broadcast
+        # 32 MB, 0.167 of the bound straight, 0.404 in chains; 64 KB, 0.774 straight, 0.410 in chains): the sooner
+        tried = [0, 1]
+    else:
+        tried = [0]
+    plans = [_placed(topo, demand, options, rail, chains, started) for chains in tried]
+    return min(plans, key=lambda s: s.epochs)  # the first on a tie
+
+
+def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int, tuple[int, int]], chains: int,
+            started: float) -> Schedule:
+    """hier's schedule with `chains` chains of nodes each way along the rails (0: straight to each remote node)."""
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
-    peers = network_peers(topo)
-    ring = nodes - 1 > peers and all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1
-                                              for c in demand.chunks)
-    length = -(-(nodes // 2) // (peers // 2))  # nodes per chain, peers // 2 chains each way
-    cross, local, fanout = [], [], []
+    length = -(-(nodes // 2) // max(1, chains))  # nodes per chain
+    cross, local, fanout, first = [], [], [], []
     for c in demand.chunks:
         s = c.sources[0]
         home = s // per
         wanted = {d for d in c.dests if d not in c.sources}
+        across, at_home = rail.get(c.id, (s % per, s % per))
+        out, hub = home * per + across, home * per + at_home  # the GPUs that send it across and fan it out at home
+        for g in dict.fromkeys((out, hub)):
+            if g != s:
+                first.append((c.id, s, g))
+                wanted.discard(g)
         for node in range(nodes):
             members = [g for g in range(node * per, (node + 1) * per) if g in wanted]
             if not members:
                 continue
             if node == home:
-                local += [((d - s) % per, c.id, s, d) for d in members]
+                if hub != s:  # another GPU fans it out at home: the source sends it once or twice inside its node
+                    fanout += [(c.id, hub, d) for d in members]
+                else:
+                    local += [((d - s) % per, c.id, s, d) for d in members]
                 continue
-            relay = node * per + s % per
+            relay = node * per + out % per
             if relay not in wanted:
-                relay = min(members, key=lambda g: ((g - node * per - s % per) % per, g))
-            hops, sender = (node - home) % nodes, s
-            if ring:  # half the nodes forward along the rail, half backward, each half in peers // 2 chains
+                relay = min(members, key=lambda g: ((g - node * per - out % per) % per, g))
+            hops, sender = (node - home) % nodes, out
+            if chains:  # half the nodes forward along the rail, half backward, each half in `chains` chains
                 back = hops > nodes // 2
                 k = nodes - hops if back else hops  # distance from home, 1..
                 hops = (k - 1) % length + 1  # place in its chain
                 if hops > 1:  # from the same-rail GPU one node nearer home
                     sender = (relay + per) % n if back else (relay - per) % n
             off = (node - home) % nodes
-            cross.append((hops, min(off, nodes - off), off, s % per, c.id, sender, relay))
+            cross.append((hops, min(off, nodes - off), off, out % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "hier"))  # a million transfers, fewer pairs
+    for chunk, a, b in first:
+        ls.add(chunk, a, b, path(a, b))
     for *_, chunk, a, b in sorted(cross):
         ls.add(chunk, a, b, path(a, b))
     inside = "then fans out inside each node"
@@ -121,10 +148,55 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
             ls.add(chunk, a, b, path(a, b))
     else:
         inside = fan_out_on_trees(topo, ls, [(c, s, d) for _, c, s, d in local] + fanout)
-    how = (f"in {peers // 2} chains of up to {length} nodes each way along its rail (same-rail GPUs; {nodes - 1} "
-           f"remote nodes are more than the {peers} network peers a GPU has room for)" if ring else "to the same-rail GPU")
+    why = (f"{nodes - 1} remote nodes are more than the {network_peers(topo)} network peers a GPU has room for"
+           if not rail else "a source's node would otherwise send every byte once per remote node")
+    how = (f"in {chains} chains of up to {length} nodes each way along its rail (same-rail "
+           f"GPUs; {why})" if chains else "to the same-rail GPU")
+    if first:
+        how += (f"; {len({g for *_, g in first})} GPUs that are no source send their node's chunks across on "
+                "their own rails and fan them out at home, each chunk sent to one of them by its source")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          f"{inside}",))
+
+
+def spreads(topo: Topology, demand: Demand) -> bool:
+    """Whether hier sends some chunks across on the rails of GPUs that are no source (spread_over_idle_rails)."""
+    return (topo.nodes > 1 and not demand.reduce and any(len(c.dests) > 1 for c in demand.chunks)
+            and not nodes_need_trees(topo) and bool(spread_over_idle_rails(demand, topo.gpus_per_node)))
+
+
+def spread_over_idle_rails(demand: Demand, per: int) -> dict[int, tuple[int, int]]:
+    """chunk id -> (the local rank whose rail carries it across the network, the one that fans it
+    out inside its home node), for the chunks of a node where some of its GPUs are no source (a
+    broadcast's root would otherwise send every byte through its one NIC: DGX H100 x 2 broadcast
+    32 MB, hier/8ch, 0.154 of the bound): each source keeps its own rail and shares the idle ones,
+    its chunks dealt over them in turn, and a GPU on an idle rail fans out at home what it sends
+    across. A chunk is only dealt to GPUs that want it (every such demand sends it to them anyway).
+    The chunks a source keeps on its own rail are fanned out at home by the idle GPUs in turn too,
+    so that the source sends each chunk once or twice inside its node, not to every GPU (the root
+    of a broadcast on 32 chunks: 32 or 36 sends instead of 56). Empty where every GPU is a source."""
+    sources: dict[int, list[int]] = defaultdict(list)  # node -> its local ranks that are a source, in order
+    for c in demand.chunks:
+        r = c.sources[0]
+        if r % per not in sources[r // per]:
+            sources[r // per].append(r % per)
+    out: dict[int, int] = {}
+    dealt_to: dict[int, int] = defaultdict(int)  # source rank -> its chunks dealt so far
+    for node, own in sources.items():
+        idle = [g for g in range(per) if g not in own]
+        if not idle:
+            continue
+        rails = {g: [g] + idle[i::len(own)] for i, g in enumerate(own)}  # the idle rails dealt among the sources
+        for c in demand.chunks:
+            s = c.sources[0]
+            if s // per != node:
+                continue
+            usable = [g for g in rails[s % per] if g == s % per or node * per + g in c.dests]
+            across = usable[dealt_to[s] % len(usable)]
+            helpers = usable[1:] or [across]
+            out[c.id] = (across, across if across != s % per else helpers[dealt_to[s] // len(usable) % len(helpers)])
+            dealt_to[s] += 1
+    return out
 
 
 def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, int, int]]) -> str:
