@@ -3,6 +3,7 @@ two DGX H100 nodes (16 GPUs), at the sizes users type (1MB = 10^6 bytes, whose c
 split into powers of two), ours (auto) against the ring baseline and the program floor.
 
     python benchmarks/sizes.py [--time-limit 10] [--systems dgx-a100x2,dgx-h100x2] [--sizes 64KB,1MB,16MB,256MB]
+                               [--collectives allgather,alltoall,reduce_scatter]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--systems", default="dgx-a100x2,dgx-h100x2")
     ap.add_argument("--sizes", default="64KB,1MB,16MB,256MB")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--json", help="write the rows as JSON")
     args = ap.parse_args(argv)
     rows = []
@@ -42,7 +44,7 @@ def main(argv=None) -> int:
     for name in args.systems.split(","):
         hw, nodes = system(name)
         topo = load_topology(hw, nodes)
-        for coll in COLLECTIVES:
+        for coll in args.collectives.split(","):
             for text in args.sizes.split(","):
                 size = parse_size(text)
                 size -= size % (topo.ngpus * 4)  # whole float32 elements in every chunk
