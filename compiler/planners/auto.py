@@ -76,7 +76,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     if apart is not None:
         tried.remove("direct")
         skipped.append(f"direct (rank {apart[0]} cannot reach rank {apart[1]} in one transfer)")
-    if copies and topo.nodes > 1:
+    if topo.nodes > 1 and (copies or plan_demand.root is not None):
         tried.append("hier")
     if trees_apply(topo, plan_demand):
         tried.append("trees")

@@ -75,8 +75,9 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     if topo.nodes < 2:
         raise CompileError(f"hier: the hierarchical baseline needs several nodes ({topo.name} has 1); "
                            "use method='direct' on one node")
-    if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks):
-        raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast), not {demand.collective}")
+    if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks) and demand.root is None:
+        raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast) or a root's chunks (scatter, "
+                           f"gather), not {demand.collective}")
     nodes, n, peers = topo.nodes, topo.ngpus, network_peers(topo)
     rail = {} if nodes_need_trees(topo) else spread_over_idle_rails(demand, topo.gpus_per_node)
     whole = all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1 for c in demand.chunks)
@@ -100,11 +101,22 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
     length = -(-(nodes // 2) // max(1, chains))  # nodes per chain
     cross, local, fanout, first = [], [], [], []
+    nic_load: dict[tuple[int, int], int] = defaultdict(int)  # (node, local rank) -> chunks its rail carries
+    lones = 0
     for c in demand.chunks:
         s = c.sources[0]
         home = s // per
         wanted = {d for d in c.dests if d not in c.sources}
         across, at_home = rail.get(c.id, (s % per, s % per))
+        lone = next(iter(wanted)) if len(wanted) == 1 and next(iter(wanted)) // per != home else None
+        if lone is not None:  # one remote destination (scatter, gather): on the source's rail or the destination's,
+            # whichever NICs carry fewer chunks so far (a root's rail would otherwise carry all of them); the GPU on
+            # that rail at the other end relays it inside its node
+            ends = lambda r: max(nic_load[(home, r)], nic_load[(lone // per, r)])  # noqa: E731
+            across = at_home = min((s % per, lone % per), key=ends)
+            nic_load[(home, across)] += 1
+            nic_load[(lone // per, across)] += 1
+            lones += 1
         out, hub = home * per + across, home * per + at_home  # the GPUs that send it across and fan it out at home
         for g in dict.fromkeys((out, hub)):
             if g != s:
@@ -121,7 +133,7 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
                     local += [((d - s) % per, c.id, s, d) for d in members]
                 continue
             relay = node * per + out % per
-            if relay not in wanted:
+            if relay not in wanted and lone is None:
                 relay = min(members, key=lambda g: ((g - node * per - out % per) % per, g))
             hops, sender = (node - home) % nodes, out
             if chains:  # half the nodes forward along the rail, half backward, each half in `chains` chains
@@ -152,7 +164,10 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
            if not rail else "a source's node would otherwise send every byte once per remote node")
     how = (f"in {chains} chains of up to {length} nodes each way along its rail (same-rail "
            f"GPUs; {why})" if chains else "to the same-rail GPU")
-    if first:
+    if lones:
+        how = ("on the source's or the destination's rail, whichever NICs carry fewer chunks so far, the GPU on that "
+               "rail relaying it inside its node where it is neither")
+    elif first:
         how += (f"; {len({g for *_, g in first})} GPUs that are no source send their node's chunks across on "
                 "their own rails and fan them out at home, each chunk sent to one of them by its source")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
