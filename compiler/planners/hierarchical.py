@@ -81,8 +81,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     nodes, n, peers = topo.nodes, topo.ngpus, network_peers(topo)
     rail = {} if nodes_need_trees(topo) else spread_over_idle_rails(demand, topo.gpus_per_node)
     whole = all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1 for c in demand.chunks)
-    if whole and nodes - 1 > peers:
-        tried = [1 if rail else peers // 2]
+    if whole and nodes - 1 > peers:  # chains, within the network peers a GPU has room for
+        tried = list(dict.fromkeys([peers // 2] + ([1] if rail else [])))
     elif whole and rail and nodes > 2:
         # a node of few sources sends each chunk to every remote node (quick where latency binds), or down one chain
         # of nodes each way (its rails would otherwise carry every byte once per remote node: DGX H100 x 8 broadcast
@@ -127,7 +127,7 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             if not members:
                 continue
             if node == home:
-                if hub != s:  # another GPU fans it out at home: the source sends it once or twice inside its node
+                if hub != s:  # another GPU fans it out at home: the source sends it once inside its node
                     fanout += [(c.id, hub, d) for d in members]
                 else:
                     local += [((d - s) % per, c.id, s, d) for d in members]
@@ -160,8 +160,9 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             ls.add(chunk, a, b, path(a, b))
     else:
         inside = fan_out_on_trees(topo, ls, [(c, s, d) for _, c, s, d in local] + fanout)
-    why = (f"{nodes - 1} remote nodes are more than the {network_peers(topo)} network peers a GPU has room for"
-           if not rail else "a source's node would otherwise send every byte once per remote node")
+    peers = network_peers(topo)
+    why = (f"{nodes - 1} remote nodes are more than the {peers} network peers a GPU has room for"
+           if nodes - 1 > peers else "a source's node would otherwise send every byte once per remote node")
     how = (f"in {chains} chains of up to {length} nodes each way along its rail (same-rail "
            f"GPUs; {why})" if chains else "to the same-rail GPU")
     if lones:
@@ -188,14 +189,14 @@ def spread_over_idle_rails(demand: Demand, per: int) -> dict[int, tuple[int, int
     its chunks dealt over them in turn, and a GPU on an idle rail fans out at home what it sends
     across. A chunk is only dealt to GPUs that want it (every such demand sends it to them anyway).
     The chunks a source keeps on its own rail are fanned out at home by the idle GPUs in turn too,
-    so that the source sends each chunk once or twice inside its node, not to every GPU (the root
-    of a broadcast on 32 chunks: 32 or 36 sends instead of 56). Empty where every GPU is a source."""
+    so that the source sends each chunk once inside its node, not to every GPU (the root of a
+    broadcast of 32 chunks on DGX H100: 32 sends instead of 56). Empty where every GPU is a source."""
     sources: dict[int, list[int]] = defaultdict(list)  # node -> its local ranks that are a source, in order
     for c in demand.chunks:
         r = c.sources[0]
         if r % per not in sources[r // per]:
             sources[r // per].append(r % per)
-    out: dict[int, int] = {}
+    out: dict[int, tuple[int, int]] = {}
     dealt_to: dict[int, int] = defaultdict(int)  # source rank -> its chunks dealt so far
     for node, own in sources.items():
         idle = [g for g in range(per) if g not in own]
