@@ -565,9 +565,10 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     deadline = t0 + options.time_limit * BUDGET
     if options.deadline is not None:
         deadline = min(deadline, t0 + (options.deadline - t0) * BUDGET)
-    scale = at_scale(topo, copy_demand(demand))
+    plain = copy_demand(demand)
+    scale = at_scale(topo, plain)
     whole = tuple(whole_parts(demand.chunk_bytes, p, options.element_bytes) for p in REFINEMENTS)
-    fine = "trees" if trees_apply(topo, copy_demand(demand)) else "hier" if spreads(topo, copy_demand(demand)) else None
+    fine = "trees" if trees_apply(topo, plain) else "hier" if spreads(topo, plain) else None
     refinements = whole + {"trees": TREE_PARTS, "hier": HIER_PARTS}.get(fine, ())
     search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,), fine=fine)
     if scale is not None and options.refine:
