@@ -68,6 +68,7 @@ from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import target_runtimes
 
 MAX_INSTANCES = 32
+PIPELINED = 8  # where no doubling splits a size into whole elements, those up to here (at least) give way (whole_counts)
 PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
@@ -178,16 +179,18 @@ def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool],
     """instance_order of the saturating counts `first` and `others`, each replaced by even_below,
     with the counts that do not fit dropped; where no doubling fits, the doublings up to `most`
     (default: the largest of those counts; realise passes the topology's largest saturating count)
-    are replaced by even_below too (10^6 B of float32 on DGX H100 x 2 has 15,625-element chunks,
-    which no doubling splits and 5, for 8, does: at one instance its allgather's program was 1.38x
-    slower; past the counts that fill a link, a count only cuts small chunks finer: 31 B chunks
-    in 31 instances); and the counts instance_order gives that do not fit."""
+    or PIPELINED, whichever is larger, are replaced by even_below too (10^6 B of float32 on DGX
+    H100 x 2 has 15,625-element chunks, which no doubling splits and 5, for 8, does: at one
+    instance its allgather's program was 1.38x slower; on MI250, whose largest saturating count
+    is 3, 5 pieces of a relayed chunk pipeline through its relays: allgather 52.7 -> 45.7 us;
+    past that, a count only cuts small chunks finer: 31 B chunks in 31 instances); and the counts
+    instance_order gives that do not fit."""
     near = lambda cs: {d for d in (even_below(c, fits) for c in cs) if d is not None}  # noqa: E731
     order = instance_order(near(first), near(others))
     doublings = [2 ** i for i in range(1, MAX_INSTANCES.bit_length())]
     if not any(fits(c) for c in doublings):
         most = max(first | others, default=1) if most is None else most
-        order += [even_below(c, fits) for c in doublings if c <= most]
+        order += [even_below(c, fits) for c in doublings if c <= max(most, PIPELINED)]
     return ([c for c in dict.fromkeys(order) if c is not None and fits(c)],
             [c for c in instance_order(first, others) if not fits(c)])
 

@@ -278,6 +278,22 @@ def test_an_uneven_saturating_count_gives_way_to_the_even_one_below_and_uneven_d
     # 10^6 B of float32 on 16 GPUs: no doubling splits 15,625 elements; 8 gives way to 5 (up to the saturating 18)
     fits = lambda k: 15625 % k == 0  # noqa: E731
     assert whole_counts({18}, {18, 4}, fits) == ([5], [18, 2, 4, 8, 16, 32])
+    # on MI250 the largest saturating count is 3: 8 still gives way to 5 (PIPELINED)
+    assert whole_counts(set(), set(), fits, 3) == ([5], [2, 4, 8, 16, 32])
+
+
+def test_a_decimal_size_on_mi250_is_pipelined_over_the_even_count_below_eight(topo):
+    """10^6 B of float32 over MI250's 8 GCDs at 2 chunks per rank: 15,625-element chunks, which no
+    doubling and not the saturating 3 split. Before, the program stayed at one instance; 5 pieces
+    pipeline through the relays (program timer, verified by the pipeline)."""
+    from compiler.lowering.lower import LowerOptions
+    t = topo("mi250")
+    demand = make_demand("allgather", 8, 10**6, 2)
+    result = compile(t, demand, CompileOptions(PlanOptions(method="trees", time_limit=20)))
+    assert result.verdict.ok and result.realisation.instances == 5
+    one = compile(t, demand, CompileOptions(PlanOptions(method="trees", time_limit=20),
+                                            LowerOptions(proto="Simple", instances=1)))
+    assert result.timing.finish_time_s < 0.9 * one.timing.finish_time_s
 
 
 @pytest.mark.parametrize("depid", ["missing block", "missing step"])
