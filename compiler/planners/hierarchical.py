@@ -18,6 +18,11 @@ reach along its rail (half of them forward from its home node, half backward) ar
 network_peers // 2 runs of neighbouring nodes each way: the source sends to the first node of each
 run, and each node of a run forwards to the next (same-rail GPUs). A chunk is then at most a run
 deep in hops (each costs a network step), and the network carries the same bytes, once per node.
+
+A node of few sources (a broadcast's root) deals its chunks over all its rails (spread_over_idle_rails);
+from three nodes on, its chunks may also go round every remote node one way along the rail, its rail's
+chunks forward and backward in turn (ROUND): each byte leaves the node once, where chains each way send
+it twice, in deeper chains that realise's instances pipeline.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from compiler.gcpause import without_gc
 from compiler.specs.runtimes import MAX_NODES, MAX_TBS_PER_CHANNEL
 
 
+ROUND = -1  # _placed's chains for one chain through every remote node, each chunk one way, the ways in turn
+PIPELINED_PIECES = 4  # the finer chunks hier's ways round the nodes are also compared at (plan)
 CROWDED_CHAINS = 8  # chains each way where the GPUs alone take a quarter of a rank's XML nodes
 TREE_PEERS = 4  # network peers a GPU has where its node's fan-out goes down trees (see network_peers)
 
@@ -82,16 +89,24 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     rail = {} if nodes_need_trees(topo) else spread_over_idle_rails(demand, topo.gpus_per_node)
     whole = all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1 for c in demand.chunks)
     if whole and nodes - 1 > peers:  # chains, within the network peers a GPU has room for
-        tried = list(dict.fromkeys([peers // 2] + ([1] if rail else [])))
+        tried = list(dict.fromkeys([peers // 2] + ([1, ROUND] if rail else [])))
     elif whole and rail and nodes > 2:
         # a node of few sources sends each chunk to every remote node (quick where latency binds), or down one chain
         # of nodes each way (its rails would otherwise carry every byte once per remote node: DGX H100 x 8 broadcast
-        # 32 MB, 0.167 of the bound straight, 0.404 in chains; 64 KB, 0.774 straight, 0.410 in chains): the sooner
-        tried = [0, 1]
+        # 32 MB, 0.167 of the bound straight, 0.404 in chains; 64 KB, 0.774 straight, 0.410 in chains), or each chunk
+        # around every node one way (ROUND): the sooner
+        tried = [0, 1, ROUND]
     else:
         tried = [0]
     plans = [_placed(topo, demand, options, rail, chains, started) for chains in tried]
-    return min(plans, key=lambda s: s.epochs)  # the first on a tie
+    if ROUND not in tried:
+        return min(plans, key=lambda s: s.epochs)  # the first on a tie
+    # the ways differ in how deep their chains pipeline, which realise's instances do (each cuts every chunk into
+    # pieces): each is judged by the sooner of its plan and its plan with PIPELINED_PIECES times finer chunks
+    fine = demand.split(PIPELINED_PIECES)
+    fine_rail = spread_over_idle_rails(fine, topo.gpus_per_node)
+    finer = [_placed(topo, fine, options, fine_rail, chains, started) for chains in tried]
+    return min(zip(plans, finer), key=lambda p: min(p[0].epochs * p[0].tau, p[1].epochs * p[1].tau))[0]
 
 
 def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int, tuple[int, int]], chains: int,
@@ -102,6 +117,7 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
     length = -(-(nodes // 2) // max(1, chains))  # nodes per chain
     cross, local, fanout, first = [], [], [], []
     nic_load: dict[tuple[int, int], int] = defaultdict(int)  # (node, local rank) -> chunks its rail carries
+    ways: dict[tuple[int, int], int] = defaultdict(int)  # (node, local rank) -> chunks it sent round so far
     lones = 0
     for c in demand.chunks:
         s = c.sources[0]
@@ -118,6 +134,8 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             nic_load[(lone // per, across)] += 1
             lones += 1
         out, hub = home * per + across, home * per + at_home  # the GPUs that send it across and fan it out at home
+        back_round = ways[(home, across)] % 2 == 1  # ROUND: this chunk goes round backward
+        ways[(home, across)] += 1
         for g in dict.fromkeys((out, hub)):
             if g != s:
                 first.append((c.id, s, g))
@@ -136,7 +154,11 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             if relay not in wanted and lone is None:
                 relay = min(members, key=lambda g: ((g - node * per - out % per) % per, g))
             hops, sender = (node - home) % nodes, out
-            if chains:  # half the nodes forward along the rail, half backward, each half in `chains` chains
+            if chains == ROUND:
+                hops = (home - node) % nodes if back_round else hops
+                if hops > 1:
+                    sender = (relay + per) % n if back_round else (relay - per) % n
+            elif chains:  # half the nodes forward along the rail, half backward, each half in `chains` chains
                 back = hops > nodes // 2
                 k = nodes - hops if back else hops  # distance from home, 1..
                 hops = (k - 1) % length + 1  # place in its chain
@@ -164,7 +186,10 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
     why = (f"{nodes - 1} remote nodes are more than the {peers} network peers a GPU has room for"
            if nodes - 1 > peers else "a source's node would otherwise send every byte once per remote node")
     how = (f"in {chains} chains of up to {length} nodes each way along its rail (same-rail "
-           f"GPUs; {why})" if chains else "to the same-rail GPU")
+           f"GPUs; {why})" if chains > 0 else "to the same-rail GPU")
+    if chains == ROUND:
+        how = (f"round every remote node along its rail (same-rail GPUs), one way, its rail's chunks in turn forward "
+               f"and backward, so that each byte leaves its node once ({why})")
     if lones:
         how = ("on the source's or the destination's rail, whichever NICs carry fewer chunks so far, the GPU on that "
                "rail relaying it inside its node where it is neither")
