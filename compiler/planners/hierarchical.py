@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
@@ -108,6 +109,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         fine_rail = spread_over_idle_rails(fine, topo.gpus_per_node)
         ahead = [_placed(topo, fine, options, fine_rail, chains, started) for chains in (1, ROUND)]
         del plans[1 if ahead[1].epochs < ahead[0].epochs else ROUND]
+        return replace(min(plans.values(), key=lambda s: s.epochs), solve_time=time.perf_counter() - started)
     return min(plans.values(), key=lambda s: s.epochs)  # the first on a tie
 
 
