@@ -286,7 +286,6 @@ def test_a_decimal_size_on_mi250_is_pipelined_over_the_even_count_below_eight(to
     """10^6 B of float32 over MI250's 8 GCDs at 2 chunks per rank: 15,625-element chunks, which no
     doubling and not the saturating 3 split. Before, the program stayed at one instance; 5 pieces
     pipeline through the relays (program timer, verified by the pipeline)."""
-    from compiler.lowering.lower import LowerOptions
     t = topo("mi250")
     demand = make_demand("allgather", 8, 10**6, 2)
     result = compile(t, demand, CompileOptions(PlanOptions(method="trees", time_limit=20)))

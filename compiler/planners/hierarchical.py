@@ -109,8 +109,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         fine_rail = spread_over_idle_rails(fine, topo.gpus_per_node)
         ahead = [_placed(topo, fine, options, fine_rail, chains, started) for chains in (1, ROUND)]
         del plans[1 if ahead[1].epochs < ahead[0].epochs else ROUND]
-        return replace(min(plans.values(), key=lambda s: s.epochs), solve_time=time.perf_counter() - started)
-    return min(plans.values(), key=lambda s: s.epochs)  # the first on a tie
+    best = min(plans.values(), key=lambda s: s.epochs)  # the first on a tie
+    return replace(best, solve_time=time.perf_counter() - started) if ROUND in tried else best
 
 
 def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int, tuple[int, int]], chains: int,
