@@ -115,7 +115,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
 
 def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int, tuple[int, int]], chains: int,
             started: float) -> Schedule:
-    """hier's schedule with `chains` chains of nodes each way along the rails (0: straight to each remote node)."""
+    """hier's schedule with `chains` chains of nodes each way along the rails (0: straight to each remote node;
+    ROUND: one chain through every remote node, a rail's chunks forward and backward in turn)."""
     per, nodes, n = topo.gpus_per_node, topo.nodes, topo.ngpus
     ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
     length = -(-(nodes // 2) // max(1, chains))  # nodes per chain
