@@ -68,7 +68,6 @@ from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import target_runtimes
 
 MAX_INSTANCES = 32
-PIPELINED = 8  # where no doubling splits a size into whole elements, those up to here (at least) give way (whole_counts)
 PAYS = 0.98  # a doubling of instances must cut the time below this share of the best so far
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
@@ -174,24 +173,16 @@ def even_below(c: int, fits: Callable[[int], bool]) -> int | None:
     return next((d for d in range(c, c // 2, -1) if d > 1 and fits(d)), None)
 
 
-def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool],
-                 most: int | None = None) -> tuple[list[int], list[int]]:
-    """instance_order of the saturating counts `first` and `others`, each replaced by even_below,
-    with the counts that do not fit dropped; where no doubling fits, the doublings up to `most`
-    (default: the largest of those counts; realise passes the topology's largest saturating count)
-    or PIPELINED, whichever is larger, are replaced by even_below too (10^6 B of float32 on DGX
-    H100 x 2 has 15,625-element chunks, which no doubling splits and 5, for 8, does: at one
-    instance its allgather's program was 1.38x slower; on MI250, whose largest saturating count
-    is 3, 5 pieces of a relayed chunk pipeline through its relays: allgather 52.7 -> 45.7 us;
-    past that, a count only cuts small chunks finer: 31 B chunks in 31 instances); and the counts
-    instance_order gives that do not fit."""
-    near = lambda cs: {d for d in (even_below(c, fits) for c in cs) if d is not None}  # noqa: E731
-    order = instance_order(near(first), near(others))
-    doublings = [2 ** i for i in range(1, MAX_INSTANCES.bit_length())]
-    if not any(fits(c) for c in doublings):
-        most = max(first | others, default=1) if most is None else most
-        order += [even_below(c, fits) for c in doublings if c <= max(most, PIPELINED)]
-    return ([c for c in dict.fromkeys(order) if c is not None and fits(c)],
+def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+    """instance_order of the saturating counts `first` and `others`, each count there that the size
+    does not divide replaced by even_below (the doublings too: 10^6 B of float32 on MI250 has
+    31,250-element chunks at one per rank, which 4, 8 and 16 do not split and 5 and 10 do; its
+    allreduce stayed at 2 instances, 75.5 us, where 10 make 61.5), the counts that do not fit
+    dropped; and the counts instance_order gives that do not fit."""
+    order = [c if fits(c) else even_below(c, fits)
+             for c in instance_order({even_below(c, fits) or 0 for c in first} - {0},
+                                     {even_below(c, fits) or 0 for c in others} - {0})]
+    return ([c for c in dict.fromkeys(order) if c is not None],
             [c for c in instance_order(first, others) if not fits(c)])
 
 
@@ -311,7 +302,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
             counts, uneven = whole_counts(*((set(), set()) if _latency_bound(timing, topology) else
                                             (saturating_counts(topology, (p,)), saturating_counts(topology, protos))),
-                                          fits, max(saturating_counts(topology, protos), default=1))
+                                          fits)
             counts = counts[::-1]
         if reached and counts:
             enough = f"{k} reached the target ({best[0] * 1e6:.1f} us, within {enough_s * 1e6:.1f} us)"

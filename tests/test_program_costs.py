@@ -7,7 +7,7 @@ import compiler.analysis.simulate as S
 from compiler.analysis.simulate import Ideals, best_ideal, bound_of, program_floor, simulate
 from compiler.lowering.lower import LowerOptions, lower
 from compiler.model.demand import make_demand
-from compiler.pipeline import CompileOptions, compile
+from compiler.pipeline import CompileOptions, compile, compile_schedule
 from compiler.planners.auto import BEYOND
 from compiler.planners import PlanOptions, plan
 from compiler.program.timing import time_program
@@ -268,18 +268,21 @@ def test_instances_keep_whole_elements_in_every_chunk(topo):
         compile(t, demand, CompileOptions(PlanOptions(method="ring"), LowerOptions(proto="Simple", instances=13)))
 
 
-def test_an_uneven_saturating_count_gives_way_to_the_even_one_below_and_uneven_doublings_go():
-    """Where no doubling fits, the doublings up to the largest saturating count give way too."""
+def test_an_uneven_saturating_count_or_doubling_gives_way_to_the_even_one_below():
+    """Every count the size does not divide, saturating or a doubling, gives way to the largest in
+    (c/2, c] that it does; counts with none there go."""
     from compiler.realise import whole_counts
     fits = lambda k: 5**9 * 2 % k == 0  # noqa: E731  (2, 5, 10, 25 up to 32)
-    # DGX A100 at 1 GB: the port's 13 becomes 10, the NIC's 3 has none in (1.5, 3], of the doublings only 2 is even
-    assert whole_counts({13}, {13, 3}, fits) == ([10, 2], [13, 3, 4, 8, 16, 32])
-    assert whole_counts(set(), set(), lambda k: k == 31) == ([], [2, 4, 8, 16, 32])  # 1 KB in bytes: no doubling
-    # 10^6 B of float32 on 16 GPUs: no doubling splits 15,625 elements; 8 gives way to 5 (up to the saturating 18)
+    # DGX A100 at 1 GB: the port's 13 becomes 10, the NIC's 3 has none in (1.5, 3]; 4 none either, 8 gives 5, 32 25
+    assert whole_counts({13}, {13, 3}, fits) == ([10, 2, 5, 25], [13, 3, 4, 8, 16, 32])
+    assert whole_counts(set(), set(), lambda k: k == 31) == ([31], [2, 4, 8, 16, 32])  # 1 KB in bytes
+    # 10^6 B of float32 on 16 GPUs: no doubling splits 15,625 elements; 8 gives way to 5, 32 to 25
     fits = lambda k: 15625 % k == 0  # noqa: E731
-    assert whole_counts({18}, {18, 4}, fits) == ([5], [18, 2, 4, 8, 16, 32])
-    # on MI250 the largest saturating count is 3: 8 still gives way to 5 (PIPELINED)
-    assert whole_counts(set(), set(), fits, 3) == ([5], [2, 4, 8, 16, 32])
+    assert whole_counts({18}, {18, 4}, fits) == ([5, 25], [18, 2, 4, 8, 16, 32])
+    # MI250 allreduce at 10^6 B, one chunk per rank: 31,250 elements; 2 fits, and 8 and 16 give way to 5 and 10
+    fits = lambda k: 31250 % k == 0  # noqa: E731
+    assert whole_counts({3}, {3}, fits) == ([2, 5, 10, 25], [3, 4, 8, 16, 32])
+    assert whole_counts({3}, {3}, lambda k: 2**20 % k == 0) == ([2, 4, 8, 16, 32], [3])
 
 
 def test_a_decimal_size_on_mi250_is_pipelined_over_the_even_count_below_eight(topo):
@@ -293,6 +296,18 @@ def test_a_decimal_size_on_mi250_is_pipelined_over_the_even_count_below_eight(to
     one = compile(t, demand, CompileOptions(PlanOptions(method="trees", time_limit=20),
                                             LowerOptions(proto="Simple", instances=1)))
     assert result.timing.finish_time_s < 0.9 * one.timing.finish_time_s
+
+
+def test_a_decimal_size_where_a_doubling_fits_still_tries_the_counts_below_the_others(topo):
+    """MI250 allreduce of 10^6 B at one chunk per rank: 31,250-element chunks, which 2 splits and
+    4, 8 and 16 do not. Before, realise stopped at 2 instances; 5 and 10 (for 8 and 16) pipeline
+    the reduction's relays (program timer, verified by the pipeline)."""
+    t = topo("mi250")
+    demand = make_demand("allreduce", 8, 10**6, 1)
+    result = compile(t, demand, CompileOptions(PlanOptions(method="milp", time_limit=20)))
+    assert result.verdict.ok and result.realisation.instances in (5, 10, 25)
+    two = compile_schedule(t, result.schedule, CompileOptions(lower=LowerOptions(proto="Simple", instances=2)))
+    assert result.timing.finish_time_s < 0.9 * two.timing.finish_time_s
 
 
 @pytest.mark.parametrize("depid", ["missing block", "missing step"])
