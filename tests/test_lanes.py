@@ -186,6 +186,19 @@ def test_sends_through_a_shared_nic_wait_for_their_planned_turn_where_that_is_fa
     _placement_wins(s, t, LowerOptions(proto="LL128", instances=4), "through a NIC waits", 0.95, gate_slow=True)
 
 
+def test_a_pair_s_transfers_take_its_parallel_links_in_turn_across_levels_where_that_is_faster(topo):
+    """MI250 reduce-scatter (milp, two chunks per rank), 10^6 B, Simple, every peer on a block of
+    its own: GCD pairs joined by several Infinity Fabric links have a lane per link, numbered per
+    data-dependency level, so a pair's one transfer of each level always takes lane 0 and queues
+    behind the last on one thread block (a step latency each). Taking the lanes in turn across
+    levels, the timer finds the program faster, it verifies, says so, and realise keeps it."""
+    t = topo("mi250")
+    s = plan(t, make_demand("reduce_scatter", t.ngpus, 10**6, 2), PlanOptions(method="milp", time_limit=20))
+    assert s.planner == "milp"
+    _placement_wins(s, t, LowerOptions(proto="Simple", pair_peers=False), "parallel links in turn", 0.9,
+                    lanes_across=True)
+
+
 def test_unpaced_sends_where_the_links_are_latency_bound(topo):
     """DGX-2 x 2 direct alltoall, 1 KB, LL: each rank sends 16 messages of a few bytes through its
     NIC. Paced, each waits for the one before it, step latency included (2.7 us each); the plan

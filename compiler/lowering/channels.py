@@ -1,8 +1,10 @@
 """Channel placement: which channel (and which `sub` group of a level) each transfer's move takes.
 
 Transfers that a pair of GPUs runs at the same level over a path of parallel links (count > 1)
-take lanes 0..count-1 (`parallel_lanes`); with `instances` k every transfer becomes k sub-chunk
-transfers (chunk*k + i) on k channels; when a thread block would exceed the runtime's step limit,
+take lanes 0..count-1 (`parallel_lanes`; with `across`, a pair's transfers take them in turn
+whatever their level, so one transfer per level to a peer does not always queue on lane 0's thread
+block); with `instances` k every transfer becomes k sub-chunk transfers (chunk*k + i) on k
+channels; when a thread block would exceed the runtime's step limit,
 chunks are spread over `split` more channel groups (`first_split` is the least that can work,
 `chunk_splits` picks each chunk's group; a whole chunk keeps one group, so its forwards still
 fuse). `lane_widths` says over how many of its k channels a transfer spreads its sub-chunks: as many
@@ -54,9 +56,9 @@ class Move:
         return (self.level, self.sub, 1, self.pos)
 
 
-def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) -> list[int]:
-    """Lane of each transfer: its index among the transfers of its GPU pair and level, modulo the
-    path's parallel link count."""
+def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int], across: bool = False) -> list[int]:
+    """Lane of each transfer: its index among the transfers of its GPU pair and level (across: of its
+    GPU pair, whatever the level), modulo the path's parallel link count."""
     seen: dict[tuple[int, int, int], int] = {}
     counts: dict[tuple[int, ...], int] = {}  # per path (a million transfers take a few thousand)
     lanes = []
@@ -64,7 +66,7 @@ def parallel_lanes(schedule: Schedule, topology: Topology, levels: list[int]) ->
         count = counts.get(t.path)
         if count is None:
             count = counts[t.path] = min(topology.link(a, b).count for a, b in zip(t.path, t.path[1:]))
-        key = (t.src, t.dst, lvl)
+        key = (t.src, t.dst, 0 if across else lvl)
         k = seen.get(key, 0)
         seen[key] = k + 1
         lanes.append(k % max(1, count))

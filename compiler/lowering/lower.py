@@ -122,6 +122,8 @@ class LowerOptions:
     rotate_slow: int = 1  # channel group sets a connection over a slow path takes in turn, transfer by transfer
     # (channels.place_moves): a thread block pays the step latency after each send, so a NIC fed by two blocks
     # in turn (a chain's forwards to the next node each way) idles that long every other send
+    lanes_across: bool = False  # a pair's transfers take its parallel links' lanes in turn across levels, not
+    # from lane 0 at each level (channels.parallel_lanes): one send a level to a peer then no longer queues on one block
     ring_ids: bool = True  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks);
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
@@ -411,7 +413,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     lim = runtime_limits(options.runtime, topology.sms, targets)
     demand = schedule.demand.split(options.instances)
     levels = transfer_levels(schedule)
-    lanes = parallel_lanes(schedule, topology, levels)
+    lanes = parallel_lanes(schedule, topology, levels, options.lanes_across)
     can_alias = alias_map(demand, 0) is not None and options.inplace is not False
     notes: list[str] = []
     if schedule.topology != topology.name:
@@ -475,6 +477,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
     if not options.pair_peers:
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
+    if options.lanes_across and max(lanes, default=0) > 0:
+        notes.append("lowering: a GPU pair's transfers take its parallel links in turn, level after level")
     if options.gate_slow:
         notes.append("lowering: a send through a NIC waits for the receive its rank is planned to have just before it")
     if not options.pace:
