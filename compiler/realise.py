@@ -24,8 +24,10 @@ count's best protocol, then with every send and receive peer on a thread block o
 (LowerOptions.pair_peers), with sends through a NIC gated by the receive planned just before them
 (LowerOptions.gate_slow, where some path is slow), with a GPU pair's transfers over its
 parallel links in turn across levels (LowerOptions.lanes_across, where that moves some transfer to
-another lane: MI250 reduce-scatter 10^6 B milp/2ch at 5 instances, 54.1 -> 46.9 us with every peer
-on a block of its own) and with every instance on its own channel
+another lane and a chunk takes a thread block less than a step latency: MI250 reduce-scatter 10^6 B
+milp/2ch at 5 instances, 54.1 -> 46.9 us with every peer on a block of its own; of 38 MI250 and
+DGX-1 milp programs of 64 KB to 32 MB, 4 gained, all of them such; elsewhere it only cost lowering
+time) and with every instance on its own channel
 (LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`). Where a
 chunk takes several kernel iterations, one instance's placements wait until the other counts are
 tried (more instances split such a chunk, and usually win), and are tried only if the most they
@@ -431,7 +433,8 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     variants = ([({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large else []) \
         + ([] if large else [({"pair_peers": False}, False)]) \
         + ([({"gate_slow": True}, True)] if gated and not large else []) \
-        + ([({"lanes_across": True}, True)] if across and not large else []) \
+        + ([({"lanes_across": True}, True)] if across and not large
+           and _latency_bound(timed[_leader(timed)][1], topology) else []) \
         + ([({"fit_lanes": False}, False)] if k > 1 and options.fit_lanes and not large else [])
     plain_s = _fastest_s(timed)
     reached = enough_s is not None and plain_s <= enough_s
