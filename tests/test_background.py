@@ -36,6 +36,18 @@ def test_its_exception_is_raised_here():
         helper.result(time.perf_counter() + 60)
 
 
+def test_an_answer_sent_in_time_is_kept_where_it_is_asked_for_late():
+    """The second process answered (64 MB, more than a pipe holds) while this one was still busy
+    past the deadline: the answer was read as it came, so asking late still gets it, at once."""
+    helper = Background.start(bytes, (64 << 20,))
+    t0 = time.perf_counter()
+    while helper.process.poll() is None and time.perf_counter() - t0 < 30:  # it can end only once all is read
+        time.sleep(0.05)
+    asked = time.perf_counter()
+    assert helper.result(asked - 60) == bytes(64 << 20)
+    assert time.perf_counter() - asked < 5
+
+
 def test_past_the_deadline_it_is_stopped_and_gives_nothing():
     helper = Background.start(time.sleep, (60,))
     t0 = time.perf_counter()
