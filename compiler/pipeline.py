@@ -148,7 +148,8 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
         share = PLAN_SHARE if plan_options.method != "auto" else AUTO_PLAN_SHARE
         plan_options = replace(plan_options, deadline=now + (end - now) * share,
                                judge_until=now + (end - now) * PLAN_SHARE,
-                               judge=lambda s: _judge(s, topology, options, judged, now + (end - now) * JUDGE_SHARE),
+                               judge=lambda s, by=None: _judge(s, topology, options, judged,
+                                                               min(now + (end - now) * JUDGE_SHARE, by or end)),
                                probe=lambda s: _probe(s, topology, options))
     schedule = plan(topology, demand, plan_options)
     known = judged.get(id(schedule.transfers))

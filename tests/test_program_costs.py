@@ -144,7 +144,7 @@ def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):
     t = topo("dgx-a100")
     refused = []
 
-    def judge(schedule):
+    def judge(schedule, by=None):
         if schedule.planner == "direct":
             refused.append(schedule.planner)
             raise CompileError("rank 0 needs 99 thread blocks; the runtime allows 63")
@@ -153,6 +153,30 @@ def test_auto_drops_a_candidate_whose_program_cannot_be_written(topo):
     s = plan(t, make_demand("allgather", 8, MiB), PlanOptions(method="auto", time_limit=20, judge=judge))
     assert refused and s.planner != "direct"
     assert any("cannot be written" in n and "99 thread blocks" in n for n in s.notes)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_constructive_candidate_s_program_search_ends_where_the_optimisers_are_still_to_be_judged(topo, workers):
+    """DGX-1 alltoall: the constructive candidates (ring) are judged first, the optimisers' (lp,
+    milp) after; a constructive one's program search is given an end (its second argument) no
+    later than auto's planning deadline, so it cannot take the time the optimisers' candidates are
+    judged in, and theirs runs to the judging's own deadline (None)."""
+    import time as clock
+    t = topo("dgx1")
+    seen = []
+
+    def judge(schedule, by=None):
+        seen.append((schedule.planner, by))
+        return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
+
+    t0 = clock.perf_counter()
+    plan(t, make_demand("alltoall", 8, 32 * 10**6), PlanOptions(method="auto", time_limit=20, judge=judge,
+                                                               workers=workers, good_enough=1.0))
+    ring = [by for m, by in seen if m == "ring"]
+    optimisers = [by for m, by in seen if m in ("lp", "milp", "rounds")]
+    assert ring and optimisers, seen
+    assert all(by is not None and by <= t0 + 20 for by in ring)
+    assert all(by is None for by in optimisers)
 
 
 def test_auto_stops_once_a_program_is_good_enough(topo):
@@ -193,7 +217,7 @@ def _plan_judged_slowly(t, until_s: float):
     import time as clock
     calls = []
 
-    def slow_judge(schedule):
+    def slow_judge(schedule, by=None):
         calls.append(schedule.planner)
         clock.sleep(2.0)
         return time_program(lower(schedule, t, LowerOptions()), t, schedule.demand.size_bytes).finish_time_s
@@ -450,7 +474,7 @@ def test_a_whole_chunk_forwarded_down_hops_is_judged_by_what_its_finer_chunkings
     assert BEYOND * search.reach(hier1) < rounds8.program_s <= BEYOND * hier1.finish_time_s
     asked = []
     programs = {id(hier1.schedule): 5.52, id(hier8.schedule): 12.78}  # hier/8ch at 10^9 B fits one instance only
-    judge(search, lambda s: asked.append(s) or programs[id(s)], None)
+    judge(search, lambda s, by=None: asked.append(s) or programs[id(s)], None)
     assert [s is hier1.schedule for s in asked].count(True) == 1
     assert not any(s is rounds1.schedule for s in asked)  # rounds/1ch's plan cannot beat 5.8 ms
     assert search.results[0].method == "hier" and search.results[0].parts == 1
@@ -471,7 +495,7 @@ def test_past_the_judged_count_a_candidate_its_finer_chunkings_plan_far_faster_i
     search = Search(None, None, 0.0, (1, 2, 4, 8), results=rounds + [hier8, ring1, hier1])
     programs = {id(c.schedule): t for c, t in zip(rounds + [hier8, ring1, hier1], [5.8] * JUDGED + [12.78, 6.0, 5.52])}
     asked = []
-    judge(search, lambda s: asked.append(s) or programs[id(s)], None)
+    judge(search, lambda s, by=None: asked.append(s) or programs[id(s)], None)
     assert [id(s) for s in asked] == [id(c.schedule) for c in rounds + [hier1]]
     assert search.results[0].schedule is hier1.schedule
 
@@ -494,7 +518,7 @@ def test_a_pipelined_candidate_the_deadline_cut_is_named_as_left_out(monkeypatch
     search = Search(None, None, 0.0, (1, 2, 4, 8), results=rounds + [hier8, ring1, hier1])
     took = {id(c.schedule): s for c, s in zip(rounds, [1.0] * (JUDGED - 1) + [20.0])}  # the last runs past the deadline
 
-    def judge_program(s):
+    def judge_program(s, by=None):
         clock[0] += took[id(s)]
         return 5.8
     judge(search, judge_program, 10.0)

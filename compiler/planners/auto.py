@@ -369,7 +369,11 @@ class Search:
         alone = self.optimisers(demand) and not beside  # the optimisers plan here, after the judging
         until = now + (self.deadline - now) / 3 if alone else self.deadline
         order = self.probed(until) if self.options.probe is not None else None
-        judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order)
+        # where optimisers' candidates are still to be judged, a constructive one's programs are searched only
+        # until then (DGX-1 alltoall 32 MB at 10 s: ring/8ch's search took the whole limit, 0.51 of the floor,
+        # and lp/1ch's program, 0.96, found in 2 s, was never judged)
+        judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order,
+              until if self.optimisers(demand) else None)
         best = self.results[0] if self.results else None  # judged ones rank first
         ratio = self.options.good_enough
         if best is not None and best.program_ratio >= ratio:
@@ -488,7 +492,8 @@ def _optimise(topo: Topology, demand: Demand, options: PlanOptions, deadline: fl
 
 
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
-          only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None) -> None:
+          only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None,
+          search_by: float | None = None) -> None:
     """Realise the best planned candidates (of the methods `only`, where given), in planned order
     (those with `probes`, one-instance program times by candidate id, first in their order),
     until JUDGED more have programs (after them, only those Search.reach puts far below their
@@ -497,7 +502,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     cannot beat a judged program by what finer instances gain, or would not be judged by the
     deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
     half a minute). A candidate whose program does not fit the runtimes is dropped (with
-    why); the programs rank first, in their time."""
+    why); the programs rank first, in their time. search_by: where given, each candidate's search
+    for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
@@ -522,7 +528,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             kept.append(c)
             continue
         try:
-            c = replace(c, program_s=judge_program(c.schedule))
+            c = replace(c, program_s=judge_program(c.schedule, search_by))
         except CompileError as e:
             search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
             continue

@@ -25,9 +25,10 @@ class PlanOptions:
     # time.perf_counter() value by which planning returns; plan() sets it from time_limit, and every
     # solve and loop below it respects it (a sub-plan may get a shorter time_limit, never a later deadline)
     deadline: float | None = None
-    # the time of the program a schedule realises (raises CompileError where none fits the runtimes):
-    # auto ranks its best candidates by it; the pipeline sets it when it writes a program
-    judge: Callable[[object], float] | None = field(default=None, compare=False, repr=False)
+    # the time of the program a schedule realises (raises CompileError where none fits the runtimes), searched
+    # until its second argument (a time.perf_counter() value) where that is not None: auto ranks its best
+    # candidates by it; the pipeline sets it when it writes a program
+    judge: Callable[[object, float | None], float] | None = field(default=None, compare=False, repr=False)
     # the share of the program floor (the lower bound plus what every program pays) at which a written program
     # ends auto's search and the instances search (no other program could gain more than the rest)
     good_enough: float = 0.98
