@@ -528,6 +528,40 @@ def test_a_pipelined_candidate_the_deadline_cut_is_named_as_left_out(monkeypatch
     assert (1, "ring") not in search.late and (8, "hier") not in search.late
 
 
+def test_a_judging_cut_at_its_early_end_does_not_say_how_long_judging_takes(monkeypatch):
+    """A constructive candidate's program search may be given an end before the judging's deadline
+    (judge's search_by). One that ran up to that end measured the end, not what judging takes, and
+    must not make the next candidates look too long to judge (DGX H100 x 2 allgather 16 MB at 10 s:
+    hier/2ch, cut after 4.6 s, left rounds/4ch unjudged with 3.7 s to go). One that ended well
+    before its end says how long judging takes, as any other judging does."""
+    from types import SimpleNamespace
+    import compiler.planners.auto as auto
+    from compiler.planners.auto import Candidate, Search, judge
+
+    clock = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def cand(plan_s, parts):
+        return Candidate(plan_s, parts, "hier", SimpleNamespace(transfers=range(100 * parts)), 0.5)
+
+    def rate_after(took: float, search_by: float | None) -> float:
+        clock[0] = 0.0
+        first, other = cand(5.0, 2), cand(5.0, 4)
+        search = Search(None, None, 0.0, (1, 2, 4), results=[first])
+
+        def judge_program(s, by=None):
+            assert by == search_by
+            clock[0] += took
+            return 5.5
+        judge(search, judge_program, 100.0, search_by=search_by)
+        assert search.results[0].program_s == 5.5
+        return search.judging_s(other)
+
+    assert rate_after(9.95, 10.0) == 0.0  # cut at its end: nothing learned
+    assert rate_after(4.0, 10.0) == pytest.approx(2 * 4.0)  # ended on its own: twice the transfers, twice the time
+    assert rate_after(9.95, None) == pytest.approx(2 * 9.95)  # no early end: whatever it took is what judging takes
+
+
 def test_direct_is_left_out_where_a_pair_has_no_link(topo):
     """On MI250 and DGX-1 not every pair of GPUs has a link: direct, which sends every need in one
     transfer, is left out with the pair named (it used to be planned and listed as failed); where

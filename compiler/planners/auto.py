@@ -126,6 +126,9 @@ PROBED = 2.0  # constructive candidates whose plan is within this factor of the 
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 CHEAPER_FIRST = 0.95  # a candidate whose probe (or plan) is within this share of the next one's is judged before
 # it where it has fewer transfers (judging_order)
+CUT_NEAR = 0.1  # a judging given an early end (judge's search_by) that ended within this share of its own time
+# before that end was cut by it: its time is not what a judging takes (DGX H100 x 2 allgather 16 MB at 10 s: hier/2ch,
+# cut at the planning deadline after 4.6 s, made every other candidate look too long to judge in the 3.7 s left)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
@@ -230,9 +233,14 @@ class Search:
             return self.per_probe * probe
         return self.judge_rate * len(c.schedule.transfers)
 
-    def judged(self, c: Candidate, took: float) -> None:
-        self.judge_rate = max(self.judge_rate, took / max(1, len(c.schedule.transfers)))
+    def judged(self, c: Candidate, took: float, learn: bool = True) -> None:
+        """`c`'s judging took `took` seconds; unless `learn` is off (its search was cut at an end set
+        before the judging's deadline: it measured that end, not what judging takes), judging_s
+        estimates the next ones from it."""
         probe = self.probe_s.pop(id(c), None)  # judged once: its id may be another candidate's later
+        if not learn:
+            return
+        self.judge_rate = max(self.judge_rate, took / max(1, len(c.schedule.transfers)))
         if probe:
             self.per_probe = took / probe
 
@@ -366,14 +374,15 @@ class Search:
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
         now = time.perf_counter()
-        alone = self.optimisers(demand) and not beside  # the optimisers plan here, after the judging
+        optimisers = self.optimisers(demand)
+        alone = optimisers and not beside  # the optimisers plan here, after the judging
         until = now + (self.deadline - now) / 3 if alone else self.deadline
         order = self.probed(until) if self.options.probe is not None else None
         # where optimisers' candidates are still to be judged, a constructive one's programs are searched only
         # until then (DGX-1 alltoall 32 MB at 10 s: ring/8ch's search took the whole limit, 0.51 of the floor,
         # and lp/1ch's program, 0.96, found in 2 s, was never judged)
         judge(self, self.options.judge, until, self.options.good_enough, CONSTRUCTIVE, order,
-              until if self.optimisers(demand) else None)
+              until if optimisers else None)
         best = self.results[0] if self.results else None  # judged ones rank first
         ratio = self.options.good_enough
         if best is not None and best.program_ratio >= ratio:
@@ -501,9 +510,10 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     floor (unless none has a program yet), and none whose ideal program (or reach)
     cannot beat a judged program by what finer instances gain, or would not be judged by the
     deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
-    half a minute). A candidate whose program does not fit the runtimes is dropped (with
-    why); the programs rank first, in their time. search_by: where given, each candidate's search
-    for its fastest program ends then (judge_program's second argument), whatever it has found."""
+    half a minute). A candidate whose program does not fit the runtimes is dropped (with why); the
+    programs rank first, in their time. search_by: where given, each candidate's search for its
+    fastest program ends then (judge_program's second argument), whatever it has found; a judging
+    it cut (CUT_NEAR) does not set the rate."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
@@ -533,7 +543,10 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
             continue
         finally:
-            search.judged(asked, time.perf_counter() - now)
+            ended = time.perf_counter()
+            # a search given an early end that ran up to it (realise stops within a lowering of its end)
+            cut = search_by is not None and ended >= search_by - CUT_NEAR * (ended - now)
+            search.judged(asked, ended - now, learn=not cut)
         fresh += 1
         done.append(c)
         kept.append(c)
