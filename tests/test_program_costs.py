@@ -456,6 +456,24 @@ def test_a_judging_is_estimated_from_its_candidate_s_probe_where_there_is_one(to
     assert search.judging_s(other) == pytest.approx(2.0 / len(small.transfers) * len(large.transfers))
 
 
+def test_a_judging_is_expected_to_take_at_least_a_probe(topo):
+    """A judging lowers and times its program at least once, as a probe does: where no judging
+    has set a rate (none yet, or only one cut at its early end), a probed candidate is expected to
+    take its probe, and one never probed a probe's seconds per transfer times its own transfers."""
+    from compiler.planners.auto import Candidate, Search
+    t = topo("dgx-a100")
+    small, large = (plan(t, make_demand("allgather", 8, MiB, n), PlanOptions(method="direct")) for n in (1, 4))
+    one, four = (Candidate(1e-3, n, "direct", s, 0.5) for n, s in ((1, small), (4, large)))
+    search = Search(t, PlanOptions(), 0.0, (1, 4), probe_s={id(one): 0.2},
+                    probe_rate=0.2 / len(small.transfers))
+    assert search.judging_s(one) == pytest.approx(0.2)
+    assert search.judging_s(four) == pytest.approx(0.8)
+    search.judged(one, 5.0, learn=False)
+    assert search.judging_s(four) == pytest.approx(0.8)  # the cut judging set nothing; the probe's rate stays
+    search.judged(four, 8.0)
+    assert search.judging_s(Candidate(1e-3, 4, "direct", large, 0.5)) == pytest.approx(8.0)
+
+
 def test_a_whole_chunk_forwarded_down_hops_is_judged_by_what_its_finer_chunkings_plan():
     """Instances cut each chunk as a finer chunking does, so for a method that routes every piece as
     the whole (hier, ring, direct) its finest planned chunking's ideal bounds what its program may

@@ -217,6 +217,8 @@ class Search:
     judge_rate: float = 0.0  # the most seconds per transfer one candidate's judging took
     probe_s: dict[int, float] = field(default_factory=dict)  # seconds each probed candidate's probe took, by id
     per_probe: float = 0.0  # what the latest probed candidate's judging took, in multiples of its probe
+    probe_rate: float = 0.0  # the most seconds per transfer a probe took (one lowering and timing, the least a
+    # judging takes)
     refinings: dict = field(default_factory=dict)  # parts -> what refined() found for them
     fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, HIER_PARTS)
 
@@ -227,11 +229,15 @@ class Search:
         allgather 16 MB, hier at 1, 2, 4 and 8 chunks, judged in 3.4, 3.9, 7.9 and 23 s, where
         seconds per transfer from the first said 6.8, 14 and 27; the latest, not the most: one
         instance's search is the widest, and realise keeps its own deadline); else seconds per
-        transfer, the most any judging took."""
+        transfer, the most any judging took; never less than its probe, or than a probe at the
+        most seconds per transfer any took (a judging lowers and times the program at least once:
+        after a judging that set no rate, CUT_NEAR, a candidate of many transfers is not started
+        on nothing)."""
         probe = self.probe_s.get(id(c))
+        least = probe if probe is not None else self.probe_rate * len(c.schedule.transfers)
         if probe is not None and self.per_probe:
-            return self.per_probe * probe
-        return self.judge_rate * len(c.schedule.transfers)
+            return max(least, self.per_probe * probe)
+        return max(least, self.judge_rate * len(c.schedule.transfers))
 
     def judged(self, c: Candidate, took: float, learn: bool = True) -> None:
         """`c`'s judging took `took` seconds; unless `learn` is off (its search was cut at an end set
@@ -429,6 +435,7 @@ class Search:
             try:
                 out[id(c)] = self.options.probe(c.schedule)
                 self.probe_s[id(c)] = time.perf_counter() - began
+                self.probe_rate = max(self.probe_rate, self.probe_s[id(c)] / max(1, len(c.schedule.transfers)))
             except CompileError as e:
                 self.results.remove(c)
                 self.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
