@@ -456,22 +456,19 @@ def test_a_judging_is_estimated_from_its_candidate_s_probe_where_there_is_one(to
     assert search.judging_s(other) == pytest.approx(2.0 / len(small.transfers) * len(large.transfers))
 
 
-def test_a_judging_is_expected_to_take_at_least_a_probe(topo):
-    """A judging lowers and times its program at least once, as a probe does: where no judging
-    has set a rate (none yet, or only one cut at its early end), a probed candidate is expected to
-    take its probe, and one never probed a probe's seconds per transfer times its own transfers."""
+def test_a_judging_takes_at_least_a_probe(topo):
+    """A judging lowers and times its program at least once, as a probe does: a probed candidate's
+    least judging is its probe, one never probed takes a probe's seconds per transfer times its own
+    transfers, and with no probe taken nothing less than its whole judging is known."""
     from compiler.planners.auto import Candidate, Search
     t = topo("dgx-a100")
     small, large = (plan(t, make_demand("allgather", 8, MiB, n), PlanOptions(method="direct")) for n in (1, 4))
     one, four = (Candidate(1e-3, n, "direct", s, 0.5) for n, s in ((1, small), (4, large)))
-    search = Search(t, PlanOptions(), 0.0, (1, 4), probe_s={id(one): 0.2},
-                    probe_rate=0.2 / len(small.transfers))
-    assert search.judging_s(one) == pytest.approx(0.2)
-    assert search.judging_s(four) == pytest.approx(0.8)
-    search.judged(one, 5.0, learn=False)
-    assert search.judging_s(four) == pytest.approx(0.8)  # the cut judging set nothing; the probe's rate stays
-    search.judged(four, 8.0)
-    assert search.judging_s(Candidate(1e-3, 4, "direct", large, 0.5)) == pytest.approx(8.0)
+    search = Search(t, PlanOptions(), 0.0, (1, 4), probe_s={id(one): 0.2}, probe_rate=0.2 / len(small.transfers))
+    assert search.least_s(one) == pytest.approx(0.2)
+    assert search.least_s(four) == pytest.approx(0.8)
+    unprobed = Search(t, PlanOptions(), 0.0, (1, 4), judge_rate=1.0 / len(small.transfers))
+    assert unprobed.least_s(four) == pytest.approx(unprobed.judging_s(four)) == pytest.approx(4.0)
 
 
 def test_a_whole_chunk_forwarded_down_hops_is_judged_by_what_its_finer_chunkings_plan():
@@ -546,12 +543,14 @@ def test_a_pipelined_candidate_the_deadline_cut_is_named_as_left_out(monkeypatch
     assert (1, "ring") not in search.late and (8, "hier") not in search.late
 
 
-def test_a_judging_cut_at_its_early_end_does_not_say_how_long_judging_takes(monkeypatch):
-    """A constructive candidate's program search may be given an end before the judging's deadline
-    (judge's search_by). One that ran up to that end measured the end, not what judging takes, and
-    must not make the next candidates look too long to judge (DGX H100 x 2 allgather 16 MB at 10 s:
-    hier/2ch, cut after 4.6 s, left rounds/4ch unjudged with 3.7 s to go). One that ended well
-    before its end says how long judging takes, as any other judging does."""
+def test_the_time_left_goes_to_candidates_whose_whole_judging_would_not_fit(monkeypatch):
+    """After the candidates judged whole, the time left before the deadline goes to those whose
+    whole judging looked too long, where FILL_LOWERINGS lowerings and timings of theirs (their
+    probe, or a probe's seconds per transfer) still fit: their search ends at the deadline with
+    what it found (DGX A100 x 2 allgather 32 MB at 10 s ended at 6 s); only in the last judging
+    (`fill`): one in part locks in a program no later judging replaces. With nothing known of how
+    long one lowering takes, or no time for them, such a candidate is left out and named, as
+    before."""
     from types import SimpleNamespace
     import compiler.planners.auto as auto
     from compiler.planners.auto import Candidate, Search, judge
@@ -559,25 +558,32 @@ def test_a_judging_cut_at_its_early_end_does_not_say_how_long_judging_takes(monk
     clock = [0.0]
     monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
-    def cand(plan_s, parts):
-        return Candidate(plan_s, parts, "hier", SimpleNamespace(transfers=range(100 * parts)), 0.5)
+    def cand(plan_s, parts, method):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(100 * parts)), 0.5)
 
-    def rate_after(took: float, search_by: float | None) -> float:
+    def run(probe_rate: float, first_s: float, fill: bool = True) -> Search:
         clock[0] = 0.0
-        first, other = cand(5.0, 2), cand(5.0, 4)
-        search = Search(None, None, 0.0, (1, 2, 4), results=[first])
+        first, big = cand(5.0, 2, "hier"), cand(4.9, 4, "rounds")  # big plans faster: judged first, were it whole
+        search = Search(None, None, 0.0, (1, 2, 4), results=[first, big], probe_rate=probe_rate,
+                        probe_s={id(first): 0.5})
+        took = {id(first.schedule): first_s, id(big.schedule): 10.0}  # big's search runs to the deadline
 
         def judge_program(s, by=None):
-            assert by == search_by
-            clock[0] += took
-            return 5.5
-        judge(search, judge_program, 100.0, search_by=search_by)
-        assert search.results[0].program_s == 5.5
-        return search.judging_s(other)
+            clock[0] = min(10.0, clock[0] + took[id(s)])
+            return {id(first.schedule): 5.5, id(big.schedule): 5.2}[id(s)]
+        judge(search, judge_program, 10.0, probes={id(first): 0.1}, fill=fill)
+        return search
 
-    assert rate_after(9.95, 10.0) == 0.0  # cut at its end: nothing learned
-    assert rate_after(4.0, 10.0) == pytest.approx(2 * 4.0)  # ended on its own: twice the transfers, twice the time
-    assert rate_after(9.95, None) == pytest.approx(2 * 9.95)  # no early end: whatever it took is what judging takes
+    filled = run(probe_rate=0.5 / 200, first_s=5.0)  # big: 10 s whole (5 s per 200 transfers), 1 s a lowering
+    assert [c.method for c in filled.results] == ["rounds", "hier"]
+    assert all(c.program_s is not None for c in filled.results) and not filled.near
+    unknown = run(probe_rate=0.0, first_s=6.0)  # no probe: nothing says one lowering fits
+    assert [(c.method, c.program_s) for c in unknown.results] == [("hier", 5.5), ("rounds", None)]
+    assert (4, "rounds") in unknown.near
+    later = run(probe_rate=0.5 / 200, first_s=5.0, fill=False)  # a later judging may judge it whole
+    assert (4, "rounds") in later.near and later.results[-1].program_s is None
+    no_time = run(probe_rate=0.5 / 200, first_s=7.5)  # 2.5 s left, FILL_LOWERINGS lowerings take 4
+    assert (4, "rounds") in no_time.near and no_time.results[-1].program_s is None
 
 
 def test_direct_is_left_out_where_a_pair_has_no_link(topo):

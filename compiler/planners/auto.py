@@ -126,9 +126,9 @@ PROBED = 2.0  # constructive candidates whose plan is within this factor of the 
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 CHEAPER_FIRST = 0.95  # a candidate whose probe (or plan) is within this share of the next one's is judged before
 # it where it has fewer transfers (judging_order)
-CUT_NEAR = 0.1  # a judging given an early end (judge's search_by) that ended within this share of its own time
-# before that end was cut by it: its time is not what a judging takes (DGX H100 x 2 allgather 16 MB at 10 s: hier/2ch,
-# cut at the planning deadline after 4.6 s, made every other candidate look too long to judge in the 3.7 s left)
+FILL_LOWERINGS = 4  # a candidate is judged in the time left after those judged whole (judge) only where this many
+# lowerings and timings of it fit (Search.least_s): fewer make a program of one instance, which rarely ranks (DGX
+# H100 x 2 allgather 32 MB judged hier/4ch in the 0.07 s left before the planning deadline: 3.6 x the floor)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
@@ -229,20 +229,23 @@ class Search:
         allgather 16 MB, hier at 1, 2, 4 and 8 chunks, judged in 3.4, 3.9, 7.9 and 23 s, where
         seconds per transfer from the first said 6.8, 14 and 27; the latest, not the most: one
         instance's search is the widest, and realise keeps its own deadline); else seconds per
-        transfer, the most any judging took; never less than its probe, or than a probe at the
-        most seconds per transfer any took (a judging lowers and times the program at least once:
-        after a judging that set no rate, CUT_NEAR, a candidate of many transfers is not started
-        on nothing)."""
+        transfer, the most any judging took."""
         probe = self.probe_s.get(id(c))
-        least = probe if probe is not None else self.probe_rate * len(c.schedule.transfers)
         if probe is not None and self.per_probe:
-            return max(least, self.per_probe * probe)
-        return max(least, self.judge_rate * len(c.schedule.transfers))
+            return self.per_probe * probe
+        return self.judge_rate * len(c.schedule.transfers)
+
+    def least_s(self, c: Candidate) -> float:
+        """The least time judging `c` takes, where known: one lowering and timing, as its probe took
+        (or, never probed, a probe at the most seconds per transfer any took); else judging_s."""
+        probe = self.probe_s.get(id(c))
+        if probe is not None:
+            return probe
+        return self.probe_rate * len(c.schedule.transfers) if self.probe_rate else self.judging_s(c)
 
     def judged(self, c: Candidate, took: float, learn: bool = True) -> None:
-        """`c`'s judging took `took` seconds; unless `learn` is off (its search was cut at an end set
-        before the judging's deadline: it measured that end, not what judging takes), judging_s
-        estimates the next ones from it."""
+        """`c`'s judging took `took` seconds: judging_s estimates the next ones from it, unless
+        `learn` is off (a judging in the time left, which the deadline ends by design)."""
         probe = self.probe_s.pop(id(c), None)  # judged once: its id may be another candidate's later
         if not learn:
             return
@@ -509,7 +512,7 @@ def _optimise(topo: Topology, demand: Demand, options: PlanOptions, deadline: fl
 
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
           only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None,
-          search_by: float | None = None) -> None:
+          search_by: float | None = None, fill: bool = False) -> None:
     """Realise the best planned candidates (of the methods `only`, where given), in planned order
     (those with `probes`, one-instance program times by candidate id, first in their order),
     until JUDGED more have programs (after them, only those Search.reach puts far below their
@@ -517,17 +520,32 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     floor (unless none has a program yet), and none whose ideal program (or reach)
     cannot beat a judged program by what finer instances gain, or would not be judged by the
     deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
-    half a minute). A candidate whose program does not fit the runtimes is dropped (with why); the
-    programs rank first, in their time. search_by: where given, each candidate's search for its
-    fastest program ends then (judge_program's second argument), whatever it has found; a judging
-    it cut (CUT_NEAR) does not set the rate."""
+    half a minute). With `fill` (the last judging, whose deadline ends the search), the time those
+    judged whole leave then goes to the ones whose whole judging would not have fitted (a judging
+    in part locks in a candidate's program: no later pass judges it whole), the nearest to fitting
+    first, where FILL_LOWERINGS
+    lowerings and timings of theirs (Search.least_s) still fit: their search ends at its deadline
+    with whatever it has found (DGX A100 x 2 allgather 32 MB at 10 s: every candidate left after
+    hier/2ch looked too long to judge, and the command ended at 6 s). A candidate whose program does not fit the runtimes is dropped (with
+    why); the programs rank first, in their time. search_by: where given, each candidate's search
+    for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
     # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
     pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
-    fresh, kept = 0, []
+    fresh, kept, near = 0, [], []
     probes = probes or {}
+
+    def realised(c: Candidate, learn: bool = True) -> Candidate | None:
+        began = time.perf_counter()
+        try:
+            return replace(c, program_s=judge_program(c.schedule, search_by))
+        except CompileError as e:
+            search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
+            return None
+        finally:
+            search.judged(c, time.perf_counter() - began, learn)
     for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
@@ -539,24 +557,27 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
                 or (fresh >= JUDGED and not pipelined(c)) or (done and (late or enough() or beaten(c))):
             kept.append(c)
             continue
-        need, asked = search.judging_s(c), c
+        need = search.judging_s(c)
         if done and deadline is not None and now + need > deadline:
             search.near[(c.parts, c.method)] = need
+            near.append(c)
             kept.append(c)
             continue
-        try:
-            c = replace(c, program_s=judge_program(c.schedule, search_by))
-        except CompileError as e:
-            search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
+        c = realised(c)
+        if c is None:
             continue
-        finally:
-            ended = time.perf_counter()
-            # a search given an early end that ran up to it (realise stops within a lowering of its end)
-            cut = search_by is not None and ended >= search_by - CUT_NEAR * (ended - now)
-            search.judged(asked, ended - now, learn=not cut)
         fresh += 1
         done.append(c)
         kept.append(c)
+    for c in sorted(near, key=search.judging_s) if fill else ():  # the time left, to those not judged whole
+        if enough() or beaten(c) or time.perf_counter() + FILL_LOWERINGS * search.least_s(c) > deadline:
+            continue
+        kept.remove(c)
+        del search.near[(c.parts, c.method)]
+        c = realised(c, learn=False)
+        if c is not None:
+            done.append(c)
+            kept.append(c)
     kept.sort(key=lambda c: (c.program_s is None, c.time_s, c.parts, c.method))
     search.results = kept
 
@@ -621,7 +642,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed or search.skipped) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
     if options.judge is not None:
-        judge(search, options.judge, options.judge_until or options.deadline, options.good_enough)
+        judge(search, options.judge, options.judge_until or options.deadline, options.good_enough, fill=True)
         if not search.results or search.results[0].program_s is None:
             raise CompileError("auto: no candidate can be written as a program for the target runtimes ("
                                + "; ".join(_same_reasons_once(search.failed[-3:])) + ")")
