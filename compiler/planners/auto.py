@@ -489,7 +489,7 @@ class Search:
                 and BEYOND * self.reach(c) < best.program_s  # its program might have been the faster
                 and (c.parts, c.method) not in self.near]
         unjudged = {(c.parts, c.method) for c in results if c.program_s is None}  # a later pass may have judged it
-        near = [f"judging {m} at {parts}x (about {need:.0f} s; the time limit is near)"
+        near = [f"judging {m} at {parts}x (about {need:.{0 if need >= 1 else 1}f} s; the time limit is near)"
                 for (parts, m), need in self.near.items() if (parts, m) in unjudged]
         if self.skipped or near or late:
             why.append("left out: " + "; ".join(dict.fromkeys(self.skipped + near + late)))  # once each, whichever pass
