@@ -523,11 +523,11 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     half a minute). With `fill` (the last judging, whose deadline ends the search), the time those
     judged whole leave then goes to the ones whose whole judging would not have fitted (a judging
     in part locks in a candidate's program: no later pass judges it whole), the nearest to fitting
-    first, where FILL_LOWERINGS
-    lowerings and timings of theirs (Search.least_s) still fit: their search ends at its deadline
-    with whatever it has found (DGX A100 x 2 allgather 32 MB at 10 s: every candidate left after
-    hier/2ch looked too long to judge, and the command ended at 6 s). A candidate whose program does not fit the runtimes is dropped (with
-    why); the programs rank first, in their time. search_by: where given, each candidate's search
+    first, where FILL_LOWERINGS lowerings and timings of theirs (Search.least_s) still fit: their
+    search ends at its deadline with whatever it has found (DGX A100 x 2 allgather 32 MB at 10 s:
+    every candidate left after hier/2ch looked too long to judge, and the command ended at 6 s).
+    A candidate whose program does not fit the runtimes is dropped (with why); the programs rank
+    first, in their time. search_by: where given, each candidate's search
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
