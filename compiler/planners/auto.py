@@ -243,13 +243,9 @@ class Search:
             return probe
         return self.probe_rate * len(c.schedule.transfers) if self.probe_rate else self.judging_s(c)
 
-    def judged(self, c: Candidate, took: float, learn: bool = True) -> None:
-        """`c`'s judging took `took` seconds: judging_s estimates the next ones from it, unless
-        `learn` is off (a judging in the time left, which the deadline ends by design)."""
-        probe = self.probe_s.pop(id(c), None)  # judged once: its id may be another candidate's later
-        if not learn:
-            return
+    def judged(self, c: Candidate, took: float) -> None:
         self.judge_rate = max(self.judge_rate, took / max(1, len(c.schedule.transfers)))
+        probe = self.probe_s.pop(id(c), None)  # judged once: its id may be another candidate's later
         if probe:
             self.per_probe = took / probe
 
@@ -537,7 +533,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     fresh, kept, near = 0, [], []
     probes = probes or {}
 
-    def realised(c: Candidate, learn: bool = True) -> Candidate | None:
+    def realised(c: Candidate) -> Candidate | None:
         began = time.perf_counter()
         try:
             return replace(c, program_s=judge_program(c.schedule, search_by))
@@ -545,7 +541,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             search.failed.append(f"{c.method} at {c.parts}x{WRITTEN}{e}")
             return None
         finally:
-            search.judged(c, time.perf_counter() - began, learn)
+            search.judged(c, time.perf_counter() - began)
     for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
@@ -574,7 +570,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             continue
         kept.remove(c)
         del search.near[(c.parts, c.method)]
-        c = realised(c, learn=False)
+        c = realised(c)
         if c is not None:
             done.append(c)
             kept.append(c)
