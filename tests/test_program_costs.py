@@ -456,6 +456,42 @@ def test_a_judging_is_estimated_from_its_candidate_s_probe_where_there_is_one(to
     assert search.judging_s(other) == pytest.approx(2.0 / len(small.transfers) * len(large.transfers))
 
 
+def test_the_last_judging_s_time_left_goes_past_the_judged_count(monkeypatch):
+    """judge realises JUDGED candidates in plan order; at small sizes plans rank programs poorly,
+    so in the last judging the time they leave goes to the candidates past the count too, the
+    quickest to judge first (MI250 allgather 10^6 B at 60 s judged milp at 10, 5 and 2 chunks and
+    stopped at 35 s; milp/1ch, planned fourth, writes 41.5 us against milp/2ch's 45.7). Not in a
+    judging a later one follows, and not one that cannot beat a judged program."""
+    from types import SimpleNamespace
+    import compiler.planners.auto as auto
+    from compiler.planners.auto import JUDGED, Candidate, Search, judge
+
+    clock = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def cand(plan_s, parts, method):
+        return Candidate(plan_s, parts, method, SimpleNamespace(transfers=range(10)), 0.5)
+
+    def run(fill: bool, fourth_plan_s: float) -> Search:
+        clock[0] = 0.0
+        best_planned = [cand(5.0 + 0.1 * i, 2 ** (i + 1), "milp") for i in range(JUDGED)]
+        fourth = cand(fourth_plan_s, 1, "milp")
+        search = Search(None, None, 0.0, (1, 2, 4, 8), results=best_planned + [fourth])
+        programs = {id(c.schedule): 5.8 for c in best_planned} | {id(fourth.schedule): 5.2}
+
+        def judge_program(s, by=None):
+            clock[0] += 1.0
+            return programs[id(s)]
+        judge(search, judge_program, 10.0, fill=fill)
+        return search
+
+    last = run(fill=True, fourth_plan_s=5.6)
+    assert last.results[0].parts == 1 and last.results[0].program_s == 5.2
+    assert all(c.program_s is not None for c in last.results)
+    assert run(fill=False, fourth_plan_s=5.6).results[-1].program_s is None  # a later judging may judge it
+    assert run(fill=True, fourth_plan_s=6.5).results[-1].program_s is None  # 0.9 x 6.5 cannot beat 5.8
+
+
 def test_a_judging_takes_at_least_a_probe(topo):
     """A judging lowers and times its program at least once, as a probe does: a probed candidate's
     least judging is its probe, one never probed takes a probe's seconds per transfer times its own

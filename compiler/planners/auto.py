@@ -518,10 +518,13 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     deadline at the rate of the slowest judging so far (Search.judging_s; at 128 GPUs one takes
     half a minute). With `fill` (the last judging, whose deadline ends the search), the time those
     judged whole leave then goes to the ones whose whole judging would not have fitted (a judging
-    in part locks in a candidate's program: no later pass judges it whole), the nearest to fitting
-    first, where FILL_LOWERINGS lowerings and timings of theirs (Search.least_s) still fit: their
-    search ends at its deadline with whatever it has found (DGX A100 x 2 allgather 32 MB at 10 s:
-    every candidate left after hier/2ch looked too long to judge, and the command ended at 6 s).
+    in part locks in a candidate's program: no later pass judges it whole) and to those past the
+    JUDGED count, the quickest to judge first, where FILL_LOWERINGS lowerings and timings of
+    theirs (Search.least_s) still fit: their search ends at its deadline with whatever it has
+    found (DGX A100 x 2 allgather 32 MB at 10 s: every candidate left after hier/2ch looked too
+    long to judge, and the command ended at 6 s; MI250 allgather 10^6 B at 60 s judged milp at
+    10, 5 and 2 chunks, the best plans, and ended at 35 s where milp/1ch, judged in 0.2 s, writes
+    41.5 us against 45.7).
     A candidate whose program does not fit the runtimes is dropped (with why); the programs rank
     first, in their time. search_by: where given, each candidate's search
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
@@ -530,7 +533,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
     # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
     pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
-    fresh, kept, near = 0, [], []
+    fresh, kept, near, past = 0, [], [], []
     probes = probes or {}
 
     def realised(c: Candidate) -> Candidate | None:
@@ -551,6 +554,9 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
             search.late.add((c.parts, c.method))
         if c.program_s is not None or (only is not None and c.method not in only) \
                 or (fresh >= JUDGED and not pipelined(c)) or (done and (late or enough() or beaten(c))):
+            if c.program_s is None and (only is None or c.method in only) and fresh >= JUDGED \
+                    and not (done and (late or enough() or beaten(c))):
+                past.append(c)  # past the count only
             kept.append(c)
             continue
         need = search.judging_s(c)
@@ -565,11 +571,11 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
         fresh += 1
         done.append(c)
         kept.append(c)
-    for c in sorted(near, key=search.judging_s) if fill else ():  # the time left, to those not judged whole
+    for c in sorted(near + past, key=search.judging_s) if fill and deadline is not None else ():  # the time left
         if enough() or beaten(c) or time.perf_counter() + FILL_LOWERINGS * search.least_s(c) > deadline:
             continue
         kept.remove(c)
-        del search.near[(c.parts, c.method)]
+        search.near.pop((c.parts, c.method), None)
         c = realised(c)
         if c is not None:
             done.append(c)
