@@ -524,9 +524,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     found (DGX A100 x 2 allgather 32 MB at 10 s: every candidate left after hier/2ch looked too
     long to judge, and the command ended at 6 s; MI250 allgather 10^6 B at 60 s judged milp at
     10, 5 and 2 chunks, the best plans, and ended at 35 s where milp/1ch, judged in 0.2 s, writes
-    41.5 us against 45.7).
-    A candidate whose program does not fit the runtimes is dropped (with why); the programs rank
-    first, in their time. search_by: where given, each candidate's search
+    41.5 us against 45.7). A candidate whose program does not fit the runtimes is dropped (with
+    why); the programs rank first, in their time. search_by: where given, each candidate's search
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
@@ -548,14 +547,13 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for c in judging_order(search.results, probes):
         now = time.perf_counter()
         late = deadline is not None and now > deadline
-        if done and late and c.program_s is None and (fresh < JUDGED or pipelined(c)) \
-                and (only is None or c.method in only) \
-                and not (enough() or beaten(c)):
+        open_ = c.program_s is None and (only is None or c.method in only)  # one this judging may realise
+        passed = done and (late or enough() or beaten(c))
+        counted_out = fresh >= JUDGED and not pipelined(c)
+        if done and late and open_ and not counted_out and not (enough() or beaten(c)):
             search.late.add((c.parts, c.method))
-        if c.program_s is not None or (only is not None and c.method not in only) \
-                or (fresh >= JUDGED and not pipelined(c)) or (done and (late or enough() or beaten(c))):
-            if c.program_s is None and (only is None or c.method in only) and fresh >= JUDGED \
-                    and not (done and (late or enough() or beaten(c))):
+        if not open_ or counted_out or passed:
+            if open_ and counted_out and not passed:
                 past.append(c)  # past the count only
             kept.append(c)
             continue
