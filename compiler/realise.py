@@ -56,6 +56,7 @@ with the same connection slots (LL and LL128); the chosen program is verified by
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -742,6 +743,55 @@ def _keep_faster(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sche
     return {p: t.finish_time_s for p, (_, t) in other.items()}
 
 
+@dataclass(frozen=True)
+class _Known:
+    """A lowering and timing done before: the program and its timing, or the error lowering raised."""
+    schedule: Schedule  # held, so that its transfers' id stays its own
+    topology: Topology
+    value: tuple[Program, ProgramTiming] | CompileError
+    steps: int
+
+    def result(self) -> tuple[Program, ProgramTiming]:
+        if isinstance(self.value, CompileError):
+            raise self.value
+        return self.value
+
+
+class _Lowered:
+    """The programs realise lowered and timed, by schedule, topology and lowering options, so that
+    realising a schedule again replays its search at no cost and goes on where its deadline cut it
+    (auto resumes its best candidate's search in the time its judging left: `resume`). Programs of
+    LARGE_PROGRAM transfers or more are not kept; past MEMO_STEPS steps the oldest go."""
+
+    def __init__(self) -> None:
+        self.known: OrderedDict[tuple, _Known] = OrderedDict()
+        self.steps = 0
+
+    def get(self, schedule: Schedule, topology: Topology, options: LowerOptions) -> _Known | None:
+        hit = self.known.get((id(schedule.transfers), id(topology), options))
+        if hit is None or hit.schedule.transfers is not schedule.transfers or hit.topology is not topology:
+            return None
+        return hit
+
+    def put(self, schedule: Schedule, topology: Topology, options: LowerOptions,
+            value: tuple[Program, ProgramTiming] | CompileError) -> None:
+        if len(schedule.transfers) >= LARGE_PROGRAM:
+            return
+        steps = 0 if isinstance(value, CompileError) else \
+            sum(len(tb.steps) for g in value[0].gpus for tb in g.tbs)
+        key = (id(schedule.transfers), id(topology), options)
+        if key in self.known:
+            self.steps -= self.known.pop(key).steps
+        self.known[key] = _Known(schedule, topology, value, steps)
+        self.steps += steps
+        while self.steps > MEMO_STEPS and len(self.known) > 1:
+            self.steps -= self.known.popitem(last=False)[1].steps
+
+
+MEMO_STEPS = 1_000_000  # program steps LOWERED keeps (a few hundred MB at most)
+LOWERED = _Lowered()
+
+
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
               stop_at: float, ideal: Ideals | None = None,
               enough_s: float | None = None, first: list[float] | None = None,
@@ -763,12 +813,21 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     for p in protos:
         if ideal and out and (ideal.at_least(p) * lost >= _fastest_s(out) or ideal[p] * lost >= _fastest_s(out)):
             continue
-        if SLOTS[p] not in lowered:
-            if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
-                continue
-            lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
-        program = replace(lowered[SLOTS[p]], proto=p)
-        out[p] = (program, time_program(program, topology, size_of(schedule, program)))
+        known = LOWERED.get(schedule, topology, replace(options, proto=p))
+        if known is not None:
+            out[p] = known.result()
+        else:
+            if SLOTS[p] not in lowered:
+                if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
+                    continue
+                try:
+                    lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
+                except CompileError as e:
+                    LOWERED.put(schedule, topology, replace(options, proto=p), e)
+                    raise
+            program = replace(lowered[SLOTS[p]], proto=p)
+            out[p] = (program, time_program(program, topology, size_of(schedule, program)))
+            LOWERED.put(schedule, topology, replace(options, proto=p), out[p])
         if first is not None and not first:
             first.append(time.perf_counter() - t0)
         if as_first and ideal and len(out) == 1:
