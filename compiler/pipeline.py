@@ -157,10 +157,14 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
 
 
 def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judged: dict, by: float) -> float:
-    """The time of the program `schedule` realises by `by` (raises CompileError if none fits the runtimes)."""
+    """The time of the program `schedule` realises by `by` (raises CompileError if none fits the runtimes);
+    judged again (auto's `resume`), the faster realisation is kept."""
     r = realise(schedule, topology, options.lower, options.runtime, by,
                 enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes,
                 workers(options.plan.workers))
+    before = judged.get(id(schedule.transfers))
+    if before is not None and before[1].timing.finish_time_s < r.timing.finish_time_s:
+        r = before[1]
     judged[id(schedule.transfers)] = (schedule, r)  # the schedule keeps its transfers' id valid
     return r.timing.finish_time_s
 

@@ -111,3 +111,17 @@ def test_every_stage_value_round_trips_through_json(topo):
     assert through(Bound, b) == b
     p = Program.from_json(result.program.to_json())
     assert p == result.program and p.notes == result.program.notes and p.notes
+
+
+def test_a_schedule_judged_again_keeps_its_faster_realisation(monkeypatch):
+    """auto may judge its best candidate again (planners.auto.resume): the realisation the command
+    writes is the faster of the two, and the time judged is that one's."""
+    from types import SimpleNamespace
+    import compiler.pipeline as P
+    found = iter(SimpleNamespace(timing=SimpleNamespace(finish_time_s=x)) for x in (2.0, 3.0, 1.0))
+    monkeypatch.setattr(P, "realise", lambda *a, **k: next(found))
+    monkeypatch.setattr(P, "enough_time", lambda *a: None)
+    schedule, judged = SimpleNamespace(transfers=()), {}
+    times = [P._judge(schedule, None, P.CompileOptions(), judged, 0.0) for _ in range(3)]
+    assert times == [2.0, 2.0, 1.0]
+    assert judged[id(schedule.transfers)][1].timing.finish_time_s == 1.0

@@ -622,6 +622,65 @@ def test_the_time_left_goes_to_candidates_whose_whole_judging_would_not_fit(monk
     assert (4, "rounds") in no_time.near and no_time.results[-1].program_s is None
 
 
+def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatch):
+    """realise remembers what it lowered and timed (LOWERED): realising a schedule again replays
+    that at no cost, so a search its deadline cut, realised again without one, lowers only what it
+    had not and writes the program a search never cut writes."""
+    import compiler.realise as R
+    from compiler.realise import realise
+    t = topo("dgx-h100", 2)
+    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="hier"))
+    lowered = []
+    real_lower = R.lower
+    monkeypatch.setattr(R, "lower", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
+    R.LOWERED.known.clear()
+    R.LOWERED.steps = 0
+    uncut = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
+    fresh = len(lowered)
+    R.LOWERED.known.clear()
+    R.LOWERED.steps = 0
+    lowered.clear()
+    cut = realise(s, t, LowerOptions(proto="auto", instances=0), "all", deadline=0.0)  # past: the first lowering only
+    first = len(lowered)
+    resumed = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
+    assert first < fresh and len(lowered) == fresh
+    assert resumed.timing.finish_time_s == uncut.timing.finish_time_s < cut.timing.finish_time_s
+    assert resumed.program == uncut.program
+
+
+def test_the_time_judging_leaves_resumes_the_best_candidates_search(monkeypatch):
+    """After the last judging, the best judged candidate is judged once more where one lowering and
+    timing of it still fits before the deadline (realise then goes on where a deadline cut it); a
+    faster program replaces its own, a slower one does not; with no time left, or a program already
+    good enough, it is not judged again."""
+    from types import SimpleNamespace
+    import compiler.planners.auto as auto
+    from compiler.planners.auto import Candidate, Search, resume
+
+    clock = [0.0]
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run(again_s: float, now: float, floor_s: float = 1.0) -> tuple[Search, int]:
+        clock[0] = now
+        best = Candidate(5.0, 2, "hier", SimpleNamespace(transfers=range(200)), 0.5, program_s=4.0, floor_s=floor_s)
+        other = Candidate(4.5, 4, "rounds", SimpleNamespace(transfers=range(400)), 0.5, program_s=4.4)
+        search = Search(None, None, 0.0, (1, 2, 4), results=[best, other], probe_rate=1.0 / 200)  # 1 s a lowering
+        calls = []
+
+        def judge_program(s, by=None):
+            calls.append(s)
+            return again_s
+        resume(search, judge_program, 10.0, good_enough=0.98)
+        return search, len(calls)
+
+    faster, n = run(again_s=3.5, now=5.0)
+    assert n == 1 and [(c.method, c.program_s) for c in faster.results] == [("hier", 3.5), ("rounds", 4.4)]
+    slower, n = run(again_s=4.2, now=5.0)
+    assert n == 1 and slower.results[0].program_s == 4.0
+    assert run(again_s=3.5, now=9.5)[1] == 0  # half a second left: one lowering takes one
+    assert run(again_s=3.5, now=5.0, floor_s=3.95)[1] == 0  # 0.99 of the floor already
+
+
 def test_direct_is_left_out_where_a_pair_has_no_link(topo):
     """On MI250 and DGX-1 not every pair of GPUs has a link: direct, which sends every need in one
     transfer, is left out with the pair named (it used to be planned and listed as failed); where
