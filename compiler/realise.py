@@ -55,6 +55,7 @@ with the same connection slots (LL and LL128); the chosen program is verified by
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -813,7 +814,8 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     for p in protos:
         if ideal and out and (ideal.at_least(p) * lost >= _fastest_s(out) or ideal[p] * lost >= _fastest_s(out)):
             continue
-        known = LOWERED.get(schedule, topology, replace(options, proto=p))
+        at = replace(options, proto=p)
+        known = LOWERED.get(schedule, topology, at)
         if known is not None:
             out[p] = known.result()
         else:
@@ -821,13 +823,13 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
                 if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
                     continue
                 try:
-                    lowered[SLOTS[p]] = lower(schedule, topology, replace(options, proto=p))
+                    lowered[SLOTS[p]] = lower(schedule, topology, at)
                 except CompileError as e:
-                    LOWERED.put(schedule, topology, replace(options, proto=p), e)
+                    LOWERED.put(schedule, topology, at, copy.copy(e))  # without its traceback's frames
                     raise
             program = replace(lowered[SLOTS[p]], proto=p)
             out[p] = (program, time_program(program, topology, size_of(schedule, program)))
-            LOWERED.put(schedule, topology, replace(options, proto=p), out[p])
+            LOWERED.put(schedule, topology, at, out[p])
         if first is not None and not first:
             first.append(time.perf_counter() - t0)
         if as_first and ideal and len(out) == 1:
