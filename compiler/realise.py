@@ -778,8 +778,7 @@ class _Lowered:
             value: tuple[Program, ProgramTiming] | CompileError) -> None:
         if len(schedule.transfers) >= LARGE_PROGRAM:
             return
-        steps = 0 if isinstance(value, CompileError) else \
-            sum(len(tb.steps) for g in value[0].gpus for tb in g.tbs)
+        steps = 0 if isinstance(value, CompileError) else value[0].nsteps_total
         key = (id(schedule.transfers), id(topology), options)
         if key in self.known:
             self.steps -= self.known.pop(key).steps

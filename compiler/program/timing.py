@@ -45,7 +45,7 @@ TIMED_STEPS = 1 << 21  # steps timed at most (over the iterations timed): a larg
 def timed_iterations(program: Program, iterations: int) -> int:
     """Iterations to time step by step: up to MAX_ITERATIONS, fewer where the program has so many
     steps that they would pass TIMED_STEPS (a 1,024-GPU allgather has about two million)."""
-    steps = sum(len(tb.steps) for g in program.gpus for tb in g.tbs)
+    steps = program.nsteps_total
     return min(iterations, max(2, min(MAX_ITERATIONS, TIMED_STEPS // max(1, steps))))
 
 
