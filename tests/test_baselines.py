@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compiler.model.demand import Chunk, Demand, make_demand
-from compiler.specs.collectives import COLLECTIVES
+from compiler.specs.collectives import COLLECTIVES, SPECS
 from compiler.specs.errors import CompileError
 from compiler.planners import PlanOptions
 from compiler.planners.registry import get
@@ -42,7 +42,8 @@ def check_epoch_model(t, sched):
     d = sched.demand
     held = {(c.id, s): 0 for c in d.chunks for s in c.sources}
     for x in sched.transfers:
-        assert held.get((x.chunk, x.src), float("inf")) <= x.start, f"{x} sent before its source holds the chunk"
+        source = 0 if x.own else held.get((x.chunk, x.src), float("inf"))  # an own contribution is held from the start
+        assert source <= x.start, f"{x} sent before its source holds the chunk"
         key = (x.chunk, x.dst)
         if not d.reduce:
             held[key] = min(held.get(key, x.arrive), x.arrive)
@@ -58,6 +59,8 @@ def cases():
             yield name, nodes, coll, "ring"
             if (name, nodes) in ONE_HOP:
                 yield name, nodes, coll, "direct"
+                if SPECS[coll].reduces:
+                    yield name, nodes, coll, "oneshot"
 
 
 @pytest.mark.parametrize("name,nodes,coll,method", list(cases()))
@@ -185,10 +188,14 @@ def custom_demands(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(custom_demands(), st.sampled_from(["ring", "direct"]))
+@given(custom_demands(), st.sampled_from(["ring", "direct", "oneshot"]))
 def test_random_custom_demands_are_met(demand, method):
     from compiler.model.profiles import load_topology
     t = load_topology("fully-connected:4")
+    if method == "oneshot" and not demand.reduce:
+        with pytest.raises(CompileError, match="oneshot: plans reductions only"):
+            get(method)(t, demand, OPTS)
+        return
     sched = get(method)(t, demand, OPTS)
     m = simulate(t, sched)
     # bounds.py counts a copy chunk held on both sides of a cut as leaving both: only one holder each
@@ -231,3 +238,33 @@ def test_direct_alltoall_between_nodes_keeps_every_nic_busy(topo):
     t = topo("dgx2", 2)
     m = simulate(t, get("direct")(t, make_demand("alltoall", 32, 64 * 10**6), OPTS))
     assert m.bound_ratio >= 0.99, m.bound_ratio
+
+
+def test_oneshot_allreduce_sends_each_input_once_to_every_other_rank_in_one_hop(topo):
+    t = topo("dgx-a100", 1)
+    d = make_demand("allreduce", t.ngpus, 1024)
+    one, two = get("oneshot")(t, d, OPTS), get("direct")(t, d, OPTS)
+    assert len(one.demand.chunks) == 1 and one.demand.input_chunks == one.demand.output_chunks == 1
+    assert sorted((x.src, x.dst) for x in one.transfers) == [(a, b) for a in range(8) for b in range(8) if a != b]
+    assert all(x.reduce and x.own and len(x.path) == 3 for x in one.transfers)  # GPU, NVSwitch, GPU
+    # the simulator: every rank ends with all eight contributions, after one hop where direct takes two
+    a, b = simulate(t, one), simulate(t, two)
+    assert a.finish_time_s < b.finish_time_s and a.bound_ratio <= 1 + 1e-9
+    # the same transfers carrying partial sums count contributions twice
+    from dataclasses import replace
+    from compiler.analysis.simulate import ScheduleError
+    with pytest.raises(ScheduleError, match="twice"):
+        simulate(t, replace(one, transfers=tuple(replace(x, own=False) for x in one.transfers)))
+
+
+def test_an_own_contribution_needs_a_contributor(topo):
+    from dataclasses import replace
+    from compiler.analysis.simulate import ScheduleError
+    t = topo("fully-connected:4", 1)
+    d = Demand("custom", 4, (Chunk(0, (0, 1), (2, 3), (0, 0), (0, 0)),), 1e6, 10**6, 1, True, None, 1, 1)
+    s = get("oneshot")(t, d, OPTS)
+    assert {(x.src, x.dst) for x in s.transfers} == {(0, 2), (0, 3), (1, 2), (1, 3)}
+    simulate(t, s)
+    bad = replace(s, transfers=s.transfers + (replace(s.transfers[0], src=2, dst=3, path=(2, 3)),))
+    with pytest.raises(ScheduleError, match="rank 2 does not contribute"):
+        simulate(t, bad)

@@ -323,6 +323,20 @@ def test_baselines_with_more_chunks_instances_and_ll(topo, hw, nodes, coll):
         check_program(p, d.split(opts.instances), opts.runtime, t.sms)
 
 
+@pytest.mark.parametrize("hw,nodes,coll", [("dgx2", 1, "allreduce"), ("dgx2", 2, "allreduce"),
+                                           ("dgx-a100", 1, "reduce_scatter")])
+def test_oneshot_lowers_to_programs_that_send_only_inputs_and_run_in_place(topo, hw, nodes, coll):
+    t = topo(hw, nodes)
+    s = get("oneshot")(t, make_demand(coll, t.ngpus, 1 << 16), PlanOptions())
+    for opts in (LowerOptions(), LowerOptions(instances=2), LowerOptions(proto="LL")):
+        p = lower_twice(s, t, opts)
+        assert p.inplace and p.outofplace  # every rank sends its input before it adds anything into it
+        check_program(p, s.demand.split(opts.instances), opts.runtime, t.sms)
+        steps = [st for g in p.gpus for tb in g.tbs for st in tb.steps]
+        assert {st.type for st in steps} <= {"s", "rrc", "r", "nop"}
+        assert all(st.srcbuf == "i" for st in steps if st.type == "s")
+
+
 def _nodes_and_nops(p: Program) -> tuple[int, int]:
     """The most XML nodes any rank stores (1 + GPUs + thread blocks + steps) and the program's nops."""
     most = max(1 + p.ngpus + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs) for g in p.gpus)

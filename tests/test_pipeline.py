@@ -113,6 +113,17 @@ def test_every_stage_value_round_trips_through_json(topo):
     assert p == result.program and p.notes == result.program.notes and p.notes
 
 
+def test_own_contributions_round_trip_and_older_schedule_files_read_as_before(topo):
+    from compiler.planners.registry import get
+    t = topo("dgx-a100")
+    s = get("oneshot")(t, make_demand("allreduce", 8, 2**16), PlanOptions())
+    assert Schedule.from_json(s.to_json()) == s and all(x.own for x in s.transfers)
+    assert all(len(x.to_list()) == 9 for x in s.transfers)
+    older = get("direct")(t, make_demand("allreduce", 8, 2**16), PlanOptions())
+    assert all(len(x.to_list()) == 8 for x in older.transfers)  # files without own transfers are unchanged
+    assert Schedule.from_json(older.to_json()) == older and not any(x.own for x in older.transfers)
+
+
 def test_a_schedule_judged_again_keeps_its_faster_realisation(monkeypatch):
     """auto may judge its best candidate again (planners.auto.resume): the realisation the command
     writes is the faster of the two, and the time judged is that one's."""

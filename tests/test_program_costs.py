@@ -712,3 +712,22 @@ def test_a_judging_left_out_in_one_pass_but_done_in_a_later_one_is_not_named():
     left_out = next(x for x in search.why(make_demand("allgather", 8, 10**6)) if x.startswith("left out: "))
     assert "judging rounds at 2x (about 2 s; the time limit is near)" in left_out
     assert "hier at 8x" not in left_out
+
+
+def test_a_small_allreduce_in_one_hop_beats_reduce_then_copy_as_a_program(topo):
+    """oneshot's program (one hop, N/2 times the bytes) against direct's (reduce, then copy): the
+    program timer says which is faster, by size; auto writes the faster one and stays within the floor."""
+    t = topo("dgx-a100")
+
+    def program_s(method, size):
+        s = plan(t, make_demand("allreduce", 8, size), PlanOptions(method=method))
+        return time_program(lower(s, t, LowerOptions(proto="LL")), t, size).finish_time_s
+
+    assert program_s("oneshot", 1024) < 0.9 * program_s("direct", 1024)
+    assert program_s("oneshot", 4 * MiB) > 1.2 * program_s("direct", 4 * MiB)
+    demand = make_demand("allreduce", 8, 1024)
+    result = compile(t, demand, CompileOptions(PlanOptions(time_limit=10, workers=1)))
+    assert result.schedule.planner == "oneshot"
+    floor = program_floor(t, bound_of(t, demand))
+    timed = time_program(result.program, t, demand.size_bytes).finish_time_s
+    assert floor <= timed < program_s("direct", 1024)

@@ -36,8 +36,10 @@ def compiled(coll: str, method: str, **lower_kw) -> Program:
 
 @pytest.fixture(scope="module")
 def programs():
-    return {(c, m): compiled(c, m) for c in ("allgather", "alltoall", "reduce_scatter", "allreduce")
-            for m in ("ring", "direct")}
+    out = {(c, m): compiled(c, m) for c in ("allgather", "alltoall", "reduce_scatter", "allreduce")
+           for m in ("ring", "direct")}
+    out[("allreduce", "oneshot")] = compiled("allreduce", "oneshot", instances=2)
+    return out
 
 
 def ring_allgather_2tb(n: int = N) -> Program:

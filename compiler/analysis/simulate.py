@@ -13,7 +13,8 @@ Holding: a source holds its chunk at t = 0; another rank holds it from the deliv
 transfer into it earlier in schedule order. Reductions follow the Schedule docstring: a rank's value
 of a chunk is a set of contributions; a reduce transfer sends the sender's current value (its own
 contribution plus earlier reduce transfers into it) and the receiver adds it; a copy replaces the
-receiver's value. The value is ready at the latest delivery that shaped it.
+receiver's value; an `own` reduce transfer sends the sender's contribution alone, held from t = 0.
+The value is ready at the latest delivery that shaped it.
 """
 
 from __future__ import annotations
@@ -182,6 +183,14 @@ def _check_transfer(i: int, t: Transfer, demand: Demand, chunk_ids: set[int]) ->
         raise ScheduleError(f"{_where(i, t)}: sends to itself")
     if t.reduce and not demand.reduce:
         raise ScheduleError(f"{_where(i, t)}: reduce transfer in a non-reduction demand ({demand.collective})")
+    if t.own and not (t.reduce and t.src in _chunk(demand, t.chunk).sources):
+        raise ScheduleError(f"{_where(i, t)}: sends rank {t.src}'s own contribution, but "
+                            + ("it is no reduce transfer" if not t.reduce else f"rank {t.src} does not contribute"))
+
+
+def _chunk(demand: Demand, cid: int):
+    c = demand.chunks[cid] if cid < len(demand.chunks) else None
+    return c if c is not None and c.id == cid else next(c for c in demand.chunks if c.id == cid)
 
 
 def _where(i: int, t: Transfer) -> str:
@@ -240,7 +249,7 @@ def _simulate(topology: Topology, schedule: Schedule, proto: str | None) -> Metr
     for i, t in enumerate(schedule.transfers):
         _check_transfer(i, t, demand, chunk_ids)
         ids, bw, alpha = paths.get(i, t)
-        held = state.get((t.chunk, t.src))
+        held = (1 << t.src, 0.0) if t.own else state.get((t.chunk, t.src))
         if held is None or held[0] == 0:
             raise ScheduleError(f"transfer {i}: chunk {t.chunk} {t.src}->{t.dst}: rank {t.src} does not hold "
                                 f"chunk {t.chunk} (no earlier transfer delivers it)")

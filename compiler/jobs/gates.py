@@ -42,7 +42,7 @@ def held_at(placement: Placement, release: float) -> list[float]:
     ready = {(c.id, r): release for c in s.demand.chunks for r in c.sources}
     out = []
     for t, end in zip(s.transfers, placement.ends):
-        out.append(ready.get((t.chunk, t.src), release))
+        out.append(release if t.own else ready.get((t.chunk, t.src), release))
         key = (t.chunk, t.dst)
         if not s.demand.reduce:
             ready[key] = min(ready.get(key, end), end)

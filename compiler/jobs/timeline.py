@@ -76,7 +76,7 @@ def place(timeline: Timeline, view: JobView, schedule: Schedule, release: float,
     placed: list[tuple[float, float, int, Transfer]] = []
     used: set[int] = set()
     for i, t in enumerate(schedule.transfers):
-        at = ready[(t.chunk, t.src)]
+        at = release if t.own else ready[(t.chunk, t.src)]  # an own contribution is held from the release
         routes = local.paths(t.src, t.dst) if reroute else (t.path,)
         best = None
         for path in routes or (t.path,):

@@ -212,6 +212,8 @@ def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, i
     for history in by_chunk.values():
         last = None
         for op in history:
+            if op.kind is SEND and op.move.own:
+                continue  # it reads the rank's input, whatever was written since: no forward
             if op.kind is SEND:
                 op.prev_write = last
                 if last is not None and last.kind is RECV and last.move.chan == op.move.chan:
@@ -444,7 +446,7 @@ class _RankGen:
 
     def send(self, op: Op) -> None:
         c, t = op.chunk, op.tb
-        v = self.operand(c) if self.reduce else self.cur.get(c)
+        v = ("i", self.src_idx[c]) if op.move.own else self.operand(c) if self.reduce else self.cur.get(c)
         if v is None:
             raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {self.rank} sends chunk {c} "
                                 "before it holds it")

@@ -5,7 +5,10 @@ Pipeline (one function each):
    topology, and sends only what its source holds (schedule order).
 2. `transfer_levels`: a level per transfer, its start epoch raised so that, at each rank and chunk,
    a send comes after the receive that wrote the value (RAW), and a receive after every earlier
-   send (WAR) and receive (WAW) of that chunk there, all in schedule order.
+   send (WAR) and receive (WAW) of that chunk there, all in schedule order. Transfers of a sender's
+   own contribution (Transfer.own) read its input, not what it received, and their sums add up in
+   any order: they all take one level, so that every rank sends its own before it adds any in
+   (the send half of a key sorts first), which keeps the program usable in place.
 3. `parallel_lanes`, `lane_widths`, `first_split`, `chunk_splits`, `place_moves`
    (compiler/lowering/channels.py): each transfer becomes `instances` moves, spread over as many
    channels as its first link needs lanes (the rest run on one channel), each move with a channel
@@ -23,7 +26,8 @@ Buffers: a source reads its chunk from i[src_index]; a destination keeps it in o
 other rank that holds it (a relay, a partial sum) keeps it in scratch, one slot per (rank, chunk),
 never reused. A rank that is a source and a destination of a copy chunk copies i -> o first (in
 the thread block of its first send of it, whose sends then read o). Reduce receipts combine with
-the local value (own input for the first, then the stored partial) read from src.
+the local value (own input for the first, then the stored partial) read from src; a send of a
+rank's own contribution (Transfer.own) reads its input.
 
 Why the order is safe. Every step has a key: a send (level, sub, 0, pos), its receive
 (level, sub, 1, pos); a fused op is ordered by its receive and no other op of its thread block lies
@@ -178,6 +182,8 @@ def check_transfers(schedule: Schedule, topology: Topology) -> None:
             raise LoweringError(f"{_transfer(k, t)}: needs two different ranks in 0..{demand.ngpus - 1}")
         if t.reduce and not demand.reduce:
             raise LoweringError(f"{_transfer(k, t)}: is a reduction but {demand.collective} reduces nothing")
+        if t.own and not (t.reduce and t.src in demand.chunks[t.chunk].sources):
+            raise LoweringError(f"{_transfer(k, t)}: sends rank {t.src}'s own contribution, which it does not have")
         path = t.path
         if len(path) < 2 or path[0] != t.src or path[-1] != t.dst or path not in routes and (
                 any(topology.is_gpu(v) for v in path[1:-1]) or not all(topology.has_link(a, b)
@@ -197,8 +203,13 @@ def transfer_levels(schedule: Schedule) -> list[int]:
     written: dict[tuple[int, int], int] = {}
     read: dict[tuple[int, int], int] = {}
     levels = []
+    own = max((t.start for t in schedule.transfers if t.own), default=-1)
     for t in schedule.transfers:
         s, d = (t.src, t.chunk), (t.dst, t.chunk)
+        if t.own:
+            written[d] = max(written.get(d, -1), own)
+            levels.append(own)
+            continue
         lvl = max(0, t.start, written.get(s, -1) + 1, written.get(d, -1) + 1, read.get(d, -1) + 1)
         read[s] = max(read.get(s, -1), lvl)
         written[d] = max(written.get(d, -1), lvl)

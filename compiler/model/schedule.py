@@ -7,7 +7,10 @@ their order. The order of `transfers` is the schedule order: links serve transfe
 Reductions: a transfer with `reduce=True` carries the sender's partial sum (its own contribution
 plus every reduce-transfer into it that comes earlier in the schedule) and the receiver adds it to
 its own partial. A copy (`reduce=False`) of a reduction chunk replaces the receiver's value with
-the sender's (allreduce's allgather phase).
+the sender's (allreduce's allgather phase). A reduce transfer with `own=True` carries the sender's
+own contribution alone, read from its input, whatever it has received (one-shot allreduce: every
+rank sends its input to every other rank, which adds them up; the schedule order cannot say that,
+since each rank would have to send before any of the others' contributions reached it).
 """
 
 from __future__ import annotations
@@ -30,14 +33,17 @@ class Transfer:
     arrive: int  # first epoch the chunk is usable at dst
     reduce: bool = False
     group: int = -1  # transfers with one group >= 0 share their common first links (switch multicast)
+    own: bool = False  # a reduce transfer of the sender's own contribution only (module docstring)
 
     def to_list(self) -> list:
-        return [self.chunk, self.src, self.dst, list(self.path), self.start, self.arrive, int(self.reduce), self.group]
+        out = [self.chunk, self.src, self.dst, list(self.path), self.start, self.arrive, int(self.reduce), self.group]
+        return out + [1] if self.own else out  # schedule files without own transfers read as before
 
     @classmethod
     def from_list(cls, x: list) -> "Transfer":
-        c, s, d, p, k, a, r, g = x
-        return cls(int(c), int(s), int(d), tuple(int(v) for v in p), int(k), int(a), bool(r), int(g))
+        c, s, d, p, k, a, r, g, *own = x
+        return cls(int(c), int(s), int(d), tuple(int(v) for v in p), int(k), int(a), bool(r), int(g),
+                   bool(own and own[0]))
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,12 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     if apart is not None:
         tried.remove("direct")
         skipped.append(f"direct (rank {apart[0]} cannot reach rank {apart[1]} in one transfer)")
+    if oneshot_applies(demand):
+        apart = oneshot_apart(topo, demand)
+        if apart is None:
+            tried.append("oneshot")
+        else:
+            skipped.append(f"oneshot (rank {apart[0]} cannot reach rank {apart[1]} in one transfer)")
     if topo.nodes > 1 and (copies or plan_demand.root is not None):
         tried.append("hier")
     if trees_apply(topo, plan_demand):
@@ -105,6 +111,19 @@ def out_of_one_hop(topo: Topology, demand: Demand) -> tuple[int, int] | None:
     return next(((a, b) for _, a, b, _ in direct_hops(topo, demand) if not topo.paths(a, b)), None)
 
 
+def oneshot_applies(demand: Demand) -> bool:
+    """A reduction to several ranks (allreduce), on up to ONESHOT_MAX_GPUS: oneshot is a candidate."""
+    return demand.reduce and demand.ngpus <= ONESHOT_MAX_GPUS and any(len(c.dests) > 1 for c in demand.chunks)
+
+
+def oneshot_apart(topo: Topology, demand: Demand) -> tuple[int, int] | None:
+    """A (contributor, destination) pair that no one transfer joins, else None."""
+    shapes = {(c.sources, c.dests) for c in demand.chunks}
+    return next(((s, d) for sources, dests in sorted(shapes) for s in sources for d in dests
+                 if s != d and not topo.paths(s, d)), None)
+
+
+ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends GPUs - 1 times its buffer
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
 # those of them whose chunks split into whole elements over the most instances up to TREE_INSTANCES (tree_parts)
@@ -130,7 +149,7 @@ FILL_LOWERINGS = 4  # a candidate is judged in the time left after those judged 
 # lowerings and timings of it fit (Search.least_s): fewer make a program of one instance, which rarely ranks (DGX
 # H100 x 2 allgather 32 MB judged hier/4ch in the 0.07 s left before the planning deadline: 3.6 x the floor)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
-CONSTRUCTIVE = ("direct", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
+CONSTRUCTIVE = ("direct", "oneshot", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
 
@@ -296,8 +315,8 @@ class Search:
         if n >= len(REFINEMENTS):  # TREE_PARTS or HIER_PARTS
             methods, left_out = [m for m in methods if m == self.fine], []
         elif parts > 1:
-            methods = [m for m in methods if m not in ("direct",)] if d.chunks_per_rank > 1 else methods
-            left_out = [x for x in left_out if not x.startswith("direct (")]  # said once, at whole chunks
+            methods = [m for m in methods if m not in ("direct", "oneshot")] if d.chunks_per_rank > 1 else methods
+            left_out = [x for x in left_out if not x.startswith(("direct (", "oneshot ("))]  # said once, at whole chunks
             if not any(m in ("milp", "lp", "rounds") for m in methods):
                 methods = [m for m in methods if m in ("ring", "trees")]
         for x in left_out:
