@@ -180,17 +180,47 @@ def test_relay_through_a_rank_that_does_not_need_the_chunk_uses_scratch(topo):
 
 
 def test_cross_thread_block_forwards_get_dependencies(topo):
-    """Rank 1 forwards to 2 and 3: one forward fuses (rcs), the other waits on it from another tb."""
+    """Rank 1 forwards to 2 and 3 from two thread blocks: the receive fuses with neither forward
+    (a fused step is done only when its send is, and the other block would wait for that too), and
+    the other block's send waits on the receive alone."""
     t = topo("fully-connected:4")
     d = make_demand("broadcast", 4, 1 << 20)
     p = lower_twice(schedule(t, d, [(0, 0, 1, 0), (0, 1, 2, 1), (0, 1, 3, 1)]), t)
     check_program(p, d)
     g = p.gpus[1]
-    assert sorted(s.type for tb in g.tbs for s in tb.steps) == ["rcs", "s"]
+    assert sorted(s.type for tb in g.tbs for s in tb.steps) == ["r", "s", "s"]
     waits = [s for tb in g.tbs for s in tb.steps if s.depid >= 0]
     assert len(waits) == 1
     target = g.tbs[waits[0].depid].steps[waits[0].deps]
-    assert target.type == "rcs" and target.hasdep
+    assert target.type == "r" and target.hasdep
+
+
+def test_a_lone_forward_still_fuses_with_its_receive(topo):
+    """Rank 1 forwards to 2 only, from the block that receives: one rcs step."""
+    t = topo("fully-connected:3")
+    d = make_demand("broadcast", 3, 1 << 20)
+    p = lower_twice(schedule(t, d, [(0, 0, 1, 0), (0, 1, 2, 1)]), t)
+    check_program(p, d)
+    assert [s.type for tb in p.gpus[1].tbs for s in tb.steps] == ["rcs"]
+
+
+def test_a_value_sent_on_from_several_blocks_is_sent_sooner_unfused(topo, monkeypatch):
+    """The program timer as judge: an owner's reduced chunk that several thread blocks send on
+    (direct allreduce) goes out when it is received, not when a fused send of it is done."""
+    import functools
+    from compiler.program.timing import time_program
+    import compiler.lowering.codegen as codegen
+    t = topo("dgx-a100")
+    s = get("direct")(t, make_demand("allreduce", 8, 4 * 10**6), PlanOptions())
+    options = LowerOptions(proto="Simple", instances=8)
+    apart = lower(s, t, options)
+    monkeypatch.setattr(codegen, "fuse", functools.partial(codegen.fuse, fanned_apart=False))
+    fused = lower(s, t, options)
+    check_program(apart, s.demand.split(8))
+    steps = lambda p: sorted(st.type for g in p.gpus for tb in g.tbs for st in tb.steps if st.type != "nop")
+    assert steps(apart).count("rrcs") == 0 < steps(fused).count("rrcs")
+    timed = [time_program(p, t, 4 * 10**6).finish_time_s for p in (apart, fused)]
+    assert timed[0] < 0.9 * timed[1]
 
 
 def test_several_dependencies_become_nops_before_the_step(topo):

@@ -334,19 +334,25 @@ class Unit:
     fused: Op | None = None  # the send a receive is fused with
 
 
-def fuse(ops: list[Op], ntb: int) -> list[Unit]:
+def fuse(ops: list[Op], ntb: int, fanned_apart: bool = True) -> list[Unit]:
     """Units in key order: a receive followed directly in its thread block by a send of the value
-    it wrote is one unit (one step, at the receive's key)."""
+    it wrote is one unit (one step, at the receive's key), unless a send in another thread block
+    reads that value too: a fused step is done when its send is (hold and step latency), and the
+    other blocks' sends, which wait for the step, would wait for that instead of the receive alone
+    (DGX A100 allreduce 4 MB, direct: the owner's sum went out 5.4 us late, 54.2 -> 41.6 us)."""
     per_tb: list[list[Op]] = [[] for _ in range(ntb)]
+    fanned: set[int] = set()  # ids of receives whose value a send in another thread block reads
     for op in ops:
         per_tb[op.tb].append(op)
+        if fanned_apart and op.kind is SEND and op.prev_write is not None and op.prev_write.tb != op.tb:
+            fanned.add(id(op.prev_write))
     units: list[Unit] = []
     for lst in per_tb:
         i = 0
         while i < len(lst):
             op = lst[i]
             nxt = lst[i + 1] if i + 1 < len(lst) else None
-            if op.kind is RECV and nxt is not None and nxt.kind is SEND and nxt.prev_write is op:
+            if op.kind is RECV and nxt is not None and nxt.kind is SEND and nxt.prev_write is op and id(op) not in fanned:
                 units.append(Unit(op, nxt))
                 i += 2
             else:
