@@ -128,3 +128,17 @@ def test_a_lower_priority_job_is_gated_and_still_verified(topo):
     assert verify(first.programs[0], demand=make_demand("allgather", 4, 8 * 10**6, 4)).ok
     naive = run_together(shared, [Placed(p.program, v.ranks, 8e6) for p, v in zip(plans, views)]).finish
     assert first.finish[1] < 0.9 * naive[1]  # the gates keep a off the NICs b uses
+
+
+def test_times_alone_are_in_the_model_of_a_late_jobs_overlay(topo):
+    """Two jobs on disjoint GPUs of one NVSwitch node share no link, so each runs as fast as alone.
+    One starts late, so their overlay is timed in alpha-beta: the times alone must be too (the
+    first job alone starts at once and could be costed; its slowdown read 0.09 when it was)."""
+    from compiler.jobs.plan import JobsOptions, plan_jobs
+    shared = topo("dgx-a100")
+    jobs = (JobSpec("a", "allgather", (0, 1, 2, 3), 64 * 10**3, 2.0), JobSpec("b", "allgather", (4, 5, 6, 7),
+                                                                              64 * 10**3, 1.0, 3e-6))
+    result = plan_jobs(shared, jobs, JobsOptions(time_limit=6))
+    for p in result.jobs:
+        assert p.finish_s == pytest.approx(p.alone_s, rel=1e-6) and p.naive_s == pytest.approx(p.alone_s, rel=1e-6)
+    assert run_together(shared, [Placed(result.jobs[0].program, (0, 1, 2, 3), 64e3)]).costed  # could have been

@@ -17,7 +17,10 @@ the runtime cost model, like any program, where every job runs one protocol, cut
 chunks of one size (so the overlay's kernel iterations are each job's own) and starts at once;
 otherwise in alpha-beta (runtime_costs=False): a clock's message would recur in every kernel
 iteration, and the iterations of unit-sized chunks would not be the jobs' own. Joint, alone and
-naive are timed alike either way, so they compare on equal terms.
+naive are timed alike either way, so they compare on equal terms: `run_together(costed=False)`
+times an overlay that could be costed in alpha-beta too (compiler/jobs/plan.py asks for that
+wherever another overlay of the same jobs cannot be costed: a job alone is never late for itself,
+but its time alone must be in the units of its time with a late job).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Together:
     finish: tuple[float, ...]  # per job: seconds from its start to its last delivery
     makespan: float  # the timer's finish of the overlay (from time 0)
     agrees: bool  # the per-job finishes reproduce the timer's own finish
+    costed: bool = True  # timed under the runtime cost model (else in alpha-beta)
 
 
 def _unit(chunks: list[Fraction]) -> Fraction:
@@ -93,13 +97,14 @@ def _job_tbs(p: Placed, scale: int, chan0: int, clock: int | None) -> dict[int, 
     return out
 
 
-def run_together(topo: Topology, placed: list[Placed]) -> Together:
-    """Time the jobs' programs together on `topo` (see the module docstring)."""
+def run_together(topo: Topology, placed: list[Placed], costed: bool = True) -> Together:
+    """Time the jobs' programs together on `topo` (see the module docstring); costed=False: in
+    alpha-beta even where the runtime cost model could time them."""
     chunks = [Fraction(p.call_bytes) / p.program.nchunksperloop for p in placed]
     unit = _unit(chunks)
     protos = sorted({p.program.proto for p in placed})
     delays = [(p.start, p.ranks) for p in placed if p.start > 0]
-    costed = len(protos) == 1 and all(c == unit for c in chunks) and not delays
+    costed = costed and len(protos) == 1 and all(c == unit for c in chunks) and not delays
     timed = with_clocks(topo, delays, float(unit))
     n = topo.ngpus
     per_rank: dict[int, list[ThreadBlock]] = {}
@@ -126,5 +131,5 @@ def run_together(topo: Topology, placed: list[Placed]) -> Together:
             ends[j] = max(ends[j], done)
     finish = tuple(max(0.0, e - p.start) for e, p in zip(ends, placed))
     agrees = abs(max(ends, default=0.0) - makespan) <= CHECK_TOLERANCE * max(makespan, 1e-12)
-    return Together(finish, makespan, agrees)
+    return Together(finish, makespan, agrees, costed)
 

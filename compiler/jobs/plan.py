@@ -69,6 +69,7 @@ class Candidate:
     notes: tuple[str, ...] = ()
     family: str = "alone"  # which of each job's plans (plan_variants) it runs
     used: tuple = ()  # per job: the Result (plan, program) it runs, before gates
+    costed: bool = True  # timed under the runtime cost model (else in alpha-beta: overlay.run_together)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def _lower_gated(job: JobSpec, view: JobView, schedule: Schedule, gates_for, opt
 
 
 def priority_candidate(topo: Topology, jobs, views, plans: list[Result], order: tuple[int, ...],
-                       options: JobsOptions, family: str = "alone") -> Candidate:
+                       options: JobsOptions, family: str = "alone", costed: bool = True) -> Candidate:
     """Jobs placed in `order` on what the earlier ones left; each later job that meets a busy link
     re-lowered from its re-timed schedule with gates (compiler/jobs/gates.py)."""
     timeline = Timeline(topo)
@@ -207,10 +208,10 @@ def priority_candidate(topo: Topology, jobs, views, plans: list[Result], order: 
                 notes.append(note)
         busy |= placement.links
     placed = [_placed(job, view, p) for job, view, p in zip(jobs, views, programs)]
-    finish = run_together(topo, placed).finish
+    timed = run_together(topo, placed, costed)
     label = " > ".join(jobs[j].name for j in order) + ("" if family == "alone" else f" ({family} plans)")
-    return Candidate(label, order, tuple(programs), tuple(schedules), finish, tuple(gates), tuple(notes), family,
-                     tuple(plans))
+    return Candidate(label, order, tuple(programs), tuple(schedules), timed.finish, tuple(gates), tuple(notes), family,
+                     tuple(plans), costed=timed.costed)
 
 
 def orders(jobs: tuple[JobSpec, ...], alone_s: list[float]) -> list[tuple[int, ...]]:
@@ -247,27 +248,32 @@ def shared_links(topo: Topology, jobs, views, programs) -> tuple[tuple[str, tupl
     return tuple((n, tuple(u)) for n, u in sorted(users.items()) if len(u) > 1)
 
 
-def best_alone(topo: Topology, jobs, views, variants: list[dict[str, Result]]) -> tuple[list[Result], list[float]]:
-    """Per job, the plan that is fastest on an idle cluster (its "alone" plan), and that time."""
-    plans, times = [], []
+def best_alone(topo: Topology, jobs, views, variants: list[dict[str, Result]],
+               costed: bool = True) -> tuple[list[Result], list[float], bool]:
+    """Per job, the plan that is fastest on an idle cluster (its "alone" plan) and that time, and
+    whether every such time is under the runtime cost model."""
+    plans, times, all_costed = [], [], True
     for j, v, found in zip(jobs, views, variants):
-        timed = [(run_together(topo, [_placed(j, v, r.program)]).finish[0], k, r) for k, r in enumerate(found.values())]
-        t, _, r = min(timed, key=lambda x: x[:2])
+        runs = [run_together(topo, [_placed(j, v, r.program)], costed) for r in found.values()]
+        all_costed &= all(x.costed for x in runs)
+        t, _, r = min(((x.finish[0], k, r) for k, (x, r) in enumerate(zip(runs, found.values()))), key=lambda x: x[:2])
         plans.append(r)
         times.append(max(t, 1e-12))
-    return plans, times
+    return plans, times, all_costed
 
 
-def together(label: str, topo, jobs, views, plans: list[Result], family: str = "alone") -> Candidate:
+def together(label: str, topo, jobs, views, plans: list[Result], family: str = "alone",
+             costed: bool = True) -> Candidate:
     """Every job on the given plans, run together with no priority."""
-    timed = run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, plans)])
+    timed = run_together(topo, [_placed(j, v, r.program) for j, v, r in zip(jobs, views, plans)], costed)
     notes = () if timed.agrees else (f"{label}: the per-job times read from the program timer's trace do not add up "
                                      f"to its finish ({timed.makespan:.6g} s); the timer's cost model may have changed",)
     return Candidate(label, (), tuple(r.program for r in plans), tuple(r.schedule for r in plans), timed.finish,
-                     (0,) * len(jobs), notes, family=family, used=tuple(plans))
+                     (0,) * len(jobs), notes, family=family, used=tuple(plans), costed=timed.costed)
 
 
-def priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline) -> tuple[list, list[str]]:
+def priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline,
+                        costed: bool = True) -> tuple[list, list[str]]:
     """For each priority order (Smith's rule first) and family of plans, a gated candidate, while
     one like the slowest so far still fits before the deadline (at least one is always tried)."""
     out, skipped, slowest = [], [], 0.0
@@ -280,7 +286,7 @@ def priority_candidates(topo, jobs, views, variants, alone, alone_s, options, de
             if options.progress:
                 options.progress(f"candidate: {what}")
             started = time.perf_counter()
-            out.append(priority_candidate(topo, jobs, views, plans, order, options, family))
+            out.append(priority_candidate(topo, jobs, views, plans, order, options, family, costed))
             slowest = max(slowest, time.perf_counter() - started)
     return out, skipped
 
@@ -308,14 +314,23 @@ def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = 
     if any(r.program is None for r in auto):
         raise CompileError("jobs: a job's plan has no program (" + (auto[0].skipped or "no XML") + ")")
     variants = plan_variants(jobs, views, auto, options) if len(jobs) > 1 else [{"auto": r} for r in auto]
-    alone, alone_s = best_alone(topo, jobs, views, variants)
-    naive = together("naive", topo, jobs, views, alone)
-    candidates, skipped = [naive], []
-    if len(jobs) > 1:
-        candidates += [together(f"together ({f} plans)", topo, jobs, views, plans, f)
-                       for f, plans in plan_families(variants, alone)[1:]]
-        more, skipped = priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline)
-        candidates += more
+
+    def evaluate(costed: bool) -> tuple:
+        alone, alone_s, alone_costed = best_alone(topo, jobs, views, variants, costed)
+        naive = together("naive", topo, jobs, views, alone, costed=costed)
+        candidates, skipped = [naive], []
+        if len(jobs) > 1:
+            candidates += [together(f"together ({f} plans)", topo, jobs, views, plans, f, costed)
+                           for f, plans in plan_families(variants, alone)[1:]]
+            more, skipped = priority_candidates(topo, jobs, views, variants, alone, alone_s, options, deadline, costed)
+            candidates += more
+        return alone, alone_s, naive, candidates, skipped, alone_costed and all(c.costed for c in candidates)
+
+    alone, alone_s, naive, candidates, skipped, costed = evaluate(True)
+    if not costed:
+        # some overlay (a late job, protocols or chunk sizes that differ) could only be timed in alpha-beta: time
+        # them all so, the times alone too (a job is never late for itself), or a slowdown would compare two models
+        alone, alone_s, naive, candidates, skipped, _ = evaluate(False)
     best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
     plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
                           best.gates[i], plan_label(best.used[i]))
