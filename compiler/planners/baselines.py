@@ -330,19 +330,24 @@ def nic_rounds(topo: Topology) -> Callable[[int, int], tuple[int, int] | None]:
     return key
 
 
-def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
-    """Every need as one transfer, in rounds: rank s sends to (s + r) mod N in round r; between
-    nodes through NICs, after those inside nodes (on other links), chunk lane by chunk lane in the
-    rounds of nic_rounds."""
-    n = demand.ngpus
-    first: list[tuple[tuple[int, ...], int, int, Hop]] = []  # (round, lane, chunk, hop)
-    then: list[tuple[tuple[int, ...], int, int, Hop]] = []
+def rotating_rounds(topo: Topology, n: int) -> Callable[[int, int, int], tuple[tuple[int, ...], int]]:
+    """(source, destination, lane) -> the sort key of a one-hop transfer: inside nodes in round
+    (d - s) mod n, then between nodes lane by lane in the rounds of nic_rounds."""
     across = nic_rounds(topo)
 
     def order(s: int, d: int, lane: int) -> tuple[tuple[int, ...], int]:
         k = across(s, d)
         return ((0, (d - s) % n), lane) if k is None else ((1, lane, *k), lane)
+    return order
 
+
+def direct_hops(topo: Topology, demand: Demand) -> list[Hop]:
+    """Every need as one transfer, in rounds: rank s sends to (s + r) mod N in round r; between
+    nodes through NICs, after those inside nodes (on other links), chunk lane by chunk lane in the
+    rounds of nic_rounds."""
+    first: list[tuple[tuple[int, ...], int, int, Hop]] = []  # (round, lane, chunk, hop)
+    then: list[tuple[tuple[int, ...], int, int, Hop]] = []
+    order = rotating_rounds(topo, demand.ngpus)
     for c in demand.chunks:
         lane = _lane(demand, c)
         if not demand.reduce:
@@ -391,16 +396,10 @@ def whole_buffer(demand: Demand) -> Demand:
 def oneshot_hops(topo: Topology, demand: Demand) -> list[tuple[int, int, int]]:
     """(chunk, contributor, destination) for every contribution a destination lacks, in direct's
     rotating rounds: inside nodes first, then between them in the NICs' Latin square."""
-    n, across = demand.ngpus, nic_rounds(topo)
-    order = []
-    for c in demand.chunks:
-        lane = _lane(demand, c)
-        for s in c.sources:
-            for d in c.dests:
-                if d != s:
-                    k = across(s, d)
-                    order.append((((0, (d - s) % n), lane) if k is None else ((1, lane, *k), lane), c.id, s, d))
-    return [(c, s, d) for _, c, s, d in sorted(order)]
+    order = rotating_rounds(topo, demand.ngpus)
+    hops = [(*order(s, d, _lane(demand, c)), c.id, s, d) for c in demand.chunks for s in c.sources for d in c.dests
+            if d != s]
+    return [(c, s, d) for *_, c, s, d in sorted(hops)]
 
 
 @register("oneshot")
