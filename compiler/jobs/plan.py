@@ -326,10 +326,11 @@ def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = 
             candidates += more
         return alone, alone_s, naive, candidates, skipped, alone_costed and all(c.costed for c in candidates)
 
-    alone, alone_s, naive, candidates, skipped, costed = evaluate(True)
-    if not costed:
-        # some overlay (a late job, protocols or chunk sizes that differ) could only be timed in alpha-beta: time
-        # them all so, the times alone too (a job is never late for itself), or a slowdown would compare two models
+    # an overlay that can only be timed in alpha-beta (a late job; protocols or chunk sizes that differ) has every
+    # figure timed so, the times alone too (a job is never late for itself), or a slowdown would compare two models
+    costed = not any(j.start_s > 0 for j in jobs)  # a late job's overlays are alpha-beta: no costed pass first
+    alone, alone_s, naive, candidates, skipped, all_costed = evaluate(costed)
+    if costed and not all_costed:
         alone, alone_s, naive, candidates, skipped, _ = evaluate(False)
     best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
     plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
