@@ -261,6 +261,8 @@ class Library:
 
 def size_bands(lo: int, hi: int, factor: int) -> list[tuple[int, int]]:
     """[lo, hi] cut at lo * factor**k into inclusive bands [a, b] with no gap and no overlap."""
+    if factor < 2:
+        raise CompileError(f"band factor: {factor} must be at least 2 (each band spans a factor of sizes)")
     edges = [lo]
     while edges[-1] * factor < hi:
         edges.append(edges[-1] * factor)

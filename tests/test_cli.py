@@ -125,6 +125,9 @@ def test_no_half_written_file_on_error(tmp_path):
     # 8 ranks x 13 chunks do not divide 10^9 bytes' 2.5e8 float32 elements: refused before any planning
     (("alltoall", "--hw", "dgx-a100", "--size", "1GB", "--instances", "13"), "--instances: 13 cuts"),
     (("allgather", "--hw", "dgx2", "--instances", "1000"), "--instances: 1000 needs 1000 channels; MSCCL allows 32"),
+    # bands of factor 1 never reach HI: the command ran until it was killed
+    (("library", "--hw", "dgx-a100", "--sizes", "1KB:1MB", "--band-factor", "1", "-o", "lib"),
+     "--band-factor: '1' must be >= 2"),
 ])
 def test_cli_errors(tmp_path, args, needle):
     proc = run_cli(*args, cwd=tmp_path)

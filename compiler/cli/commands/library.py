@@ -6,7 +6,7 @@ import json
 import sys
 
 from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
-                                 positive_int, size_range_arg)
+                                 number, size_range_arg)
 from compiler.model.program import PROTOCOLS
 from compiler.specs.runtimes import DEFAULT, NAMES
 from compiler.specs.units import format_size
@@ -19,7 +19,7 @@ def configure(p) -> None:
     p.add_argument("--collectives", default="allgather,allreduce", help="comma-separated (default allgather,allreduce)")
     p.add_argument("--sizes", type=size_range_arg, default=(1024, 2**30), metavar="LO:HI",
                    help="range of sizes covered, inclusive (default 1KiB:1GiB)")
-    p.add_argument("--band-factor", type=positive_int, default=4,
+    p.add_argument("--band-factor", type=number(int, 2), default=4,
                    help="the bands planned span this factor of sizes (default 4); the bands written are where "
                         "their programs cross over under the program timer")
     p.add_argument("--method", default="auto")
