@@ -242,9 +242,30 @@ def _structured_sets(topo: Topology, traffic: Traffic, worst: int = 12) -> list[
                 members = tuple(int(g) for g in np.flatnonzero(inside[idx]))
                 for node in range(nodes):
                     sets.add(tuple(node * per + g for g in members))
+    if nodes == 1:  # on several nodes the exhaustive cuts of one node find its sparse sets (above)
+        sets |= _balls(topo)
     full = set(range(n))
     sets |= {tuple(sorted(full - set(s))) for s in list(sets)}
     return sorted(s for s in sets if 0 < len(s) < n)
+
+
+def _balls(topo: Topology) -> set[tuple[int, ...]]:
+    """The balls of the GPUs within r one-transfer hops of a GPU, or of two GPUs a direct link
+    joins, for every r short of the whole: the sparse cuts of a mesh without switches (the middle
+    of a line, half a ring), which single GPUs, packages and nodes miss. Through switches every
+    GPU is one hop away: none."""
+    balls: set[tuple[int, ...]] = set()
+    seeds = {(g,) for g in range(topo.ngpus)} | {tuple(sorted((l.src, l.dst))) for l in topo.links
+                                                 if topo.is_gpu(l.src) and topo.is_gpu(l.dst)}
+    for seed in sorted(seeds):
+        ball, frontier = set(seed), set(seed)
+        balls.add(seed)
+        while frontier and len(ball) < topo.ngpus:
+            frontier = {u for v in frontier for u in topo.neighbours(v)} - ball
+            ball |= frontier
+            if frontier and len(ball) < topo.ngpus:
+                balls.add(tuple(sorted(ball)))
+    return balls
 
 
 def _describe(topo: Topology, members) -> str:
