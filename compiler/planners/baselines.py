@@ -1,4 +1,4 @@
-"""Classic baselines: NCCL-style rings, one-hop direct sends and one-shot reductions.
+"""Classic baselines: NCCL-style rings, one-hop direct sends, relayed sends and one-shot reductions.
 
 All produce schedules that are feasible in the epoch model of compiler/timing.py, so they can warm
 start the MILP: each transfer is list-scheduled at the earliest epoch, no earlier than its source
@@ -15,6 +15,13 @@ an owner (reduce transfers), which then copies the result on to the other destin
 direct: every need is one transfer from a source to the destination over the best path; in round r
 rank s sends to (s + r) mod N, so no receiver is a hot spot.
 
+relay: direct where some pairs of GPUs are more than one transfer apart (a line, a star, a mesh of
+your own): every need goes over a quickest route of one-transfer hops, relayed by the GPUs on it,
+store and forward. A copy chunk goes down a tree from its source (a GPU on the way that needs it
+passes it on), a reduction chunk up a tree into its owner, adding on the way, and down again; where
+several routes are as quick, the one whose links earlier trees used least. Built in well under
+a second, so `auto` has a schedule on any connected topology however short its time limit.
+
 oneshot: a reduction in one hop: every contributor sends its own input of each chunk straight to
 every other destination, which adds the contributions up (Transfer.own), in direct's rounds. One
 transfer's latency where direct's reduce-then-copy takes two, for about N/2 times the bytes: it
@@ -24,6 +31,7 @@ pays at small sizes (DGX A100 allreduce 1 KB). An allreduce is planned on the bu
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -233,7 +241,7 @@ def find_rings(topo: Topology) -> list[Ring]:
         cycles = hamiltonian_cycles(n, counts)
         if not cycles:
             raise CompileError(f"ring: {topo.name} has no cycle through all its GPUs over GPU-to-GPU links; "
-                               "the ring baseline needs a cycle through the GPUs (use method='direct' or 'milp')")
+                               "the ring baseline needs a cycle through the GPUs (use method='relay' or 'milp')")
     if nodes == 1:
         return [Ring(c) for c in cycles]
     rings, exits = [], {}
@@ -309,7 +317,7 @@ def one_transfer_path(topo: Topology, src: int, dst: int, planner: str) -> tuple
     """The best GPU-to-GPU path from src to dst; a clear error naming the planner where none exists."""
     if not topo.paths(src, dst):
         raise CompileError(f"{planner}: rank {src} cannot reach rank {dst} in one transfer on {topo.name}; "
-                           "use method='ring' or 'milp'")
+                           "use method='relay', 'ring' or 'milp'")
     return topo.best_path(src, dst)
 
 
@@ -376,6 +384,113 @@ def plan_direct(topology: Topology, demand: Demand, options: PlanOptions) -> Sch
     for chunk, a, b, reduce in hops:
         ls.add(chunk, a, b, paths[(a, b)], reduce)
     return ls.schedule("direct", started, ("direct: one transfer per need over the best path, in rotating rounds",))
+
+
+# ---- relay ----------------------------------------------------------------------------------------
+
+
+class Routes:
+    """Quickest routes of one-transfer hops between GPUs for chunks of `nbytes`, each hop timed as
+    its best path (alpha plus bytes over bandwidth); among equally quick ones, the least loaded."""
+
+    def __init__(self, topo: Topology, nbytes: float):
+        self.topo = topo
+        self.hop = {(a, b): topo.transfer_time(a, b, nbytes) for a in range(topo.ngpus) for b in topo.neighbours(a)}
+        self.into: dict[int, list[int]] = {}
+        for a, b in self.hop:
+            self.into.setdefault(b, []).append(a)
+        self.load: dict[tuple[int, int], float] = {}
+        self._dist: dict[tuple[int, bool], list[float]] = {}
+
+    def dist(self, root: int, towards: bool) -> list[float]:
+        """Quickest time from root to every GPU (towards=False) or from every GPU to root (True)."""
+        key = (root, towards)
+        if key not in self._dist:
+            d = [float("inf")] * self.topo.ngpus
+            d[root], heap = 0.0, [(0.0, root)]
+            while heap:
+                t, v = heapq.heappop(heap)
+                if t > d[v]:
+                    continue
+                for u in (self.into.get(v, ()) if towards else self.topo.neighbours(v)):
+                    w = t + self.hop[(u, v) if towards else (v, u)]
+                    if w < d[u]:
+                        d[u] = w
+                        heapq.heappush(heap, (w, u))
+            self._dist[key] = d
+        return self._dist[key]
+
+    def tree(self, root: int, leaves: tuple[int, ...], towards: bool) -> list[tuple[int, int, int]]:
+        """(depth, sender, receiver) of a tree of quickest routes joining root and leaves: from root
+        to them (towards=False) or from them to root. Each GPU's next hop towards the root is the
+        one whose quickest route there crosses the fewest hops of earlier trees (summed over its
+        links); each hop taken adds one to its link's count."""
+        d, inf = self.dist(root, towards), float("inf")
+        for leaf in leaves:
+            if d[leaf] == inf:
+                a, b = (leaf, root) if towards else (root, leaf)
+                raise CompileError(f"relay: rank {b} cannot be reached from rank {a} on {self.topo.name}")
+        tol = 1e-9 * max(1.0, max(x for x in d if x < inf))
+        crossed, nxt = {root: 0}, {}
+        for v in sorted((v for v in range(self.topo.ngpus) if 0 < d[v] < inf), key=lambda v: (d[v], v)):
+            near = self.topo.neighbours(v) if towards else self.into.get(v, ())
+            edges = [((v, u) if towards else (u, v), u) for u in near if u in crossed]
+            crossed[v], nxt[v] = min((crossed[u] + self.load.get(e, 0), u) for e, u in edges
+                                     if abs(d[u] + self.hop[e] - d[v]) <= tol)
+        parent: dict[int, int] = {root: -1}
+        for leaf in sorted(set(leaves) - {root}, key=lambda v: (d[v], v)):
+            v = leaf
+            while v not in parent:
+                u = parent[v] = nxt[v]
+                e = (v, u) if towards else (u, v)
+                self.load[e] = self.load.get(e, 0) + 1
+                v = u
+        depth = {root: 0}
+        for v in parent:  # a GPU joins after every GPU on its route to the root
+            if v not in depth:
+                route = [v]
+                while parent[route[-1]] not in depth:
+                    route.append(parent[route[-1]])
+                for w in reversed(route):
+                    depth[w] = depth[parent[w]] + 1
+        return [(depth[v], v, u) if towards else (depth[v], u, v) for v, u in parent.items() if u >= 0]
+
+
+def relay_hops(topo: Topology, demand: Demand) -> list[Hop]:
+    """Every chunk's tree of hops, in causal order: reductions up their trees deepest first, then
+    copies down theirs shallowest first, chunk by chunk at each depth (as the ring moves step j of
+    every chunk together)."""
+    routes = Routes(topo, demand.chunk_bytes)
+    up: list[tuple[int, int, int, Hop]] = []
+    down: list[tuple[int, int, int, Hop]] = []
+    for c in demand.chunks:
+        if demand.reduce:
+            owner = _owner(c)
+            up += [(-k, _lane(demand, c), c.id, (c.id, a, b, True))
+                   for k, a, b in routes.tree(owner, c.sources, towards=True)]
+            root = owner
+        else:
+            dests = [d for d in c.dests if d not in c.sources]
+            if not dests:
+                continue
+            root = min(c.sources, key=lambda s: (sum(routes.dist(s, False)[d] for d in dests), s))
+        leaves = tuple(d for d in c.dests if d != root and (demand.reduce or d not in c.sources))
+        down += [(k, _lane(demand, c), c.id, (c.id, a, b, False)) for k, a, b in routes.tree(root, leaves, towards=False)]
+    return [h for *_, h in sorted(up)] + [h for *_, h in sorted(down)]
+
+
+@register("relay")
+def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    started = time.perf_counter()
+    hops = relay_hops(topology, demand)
+    ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
+    for chunk, a, b, reduce in hops:
+        ls.add(chunk, a, b, topology.best_path(a, b), reduce)
+    relayed = len(hops) - sum(len([d for d in c.dests if d not in c.sources]) for c in demand.chunks) \
+        if not demand.reduce else None
+    more = f"; {relayed} hop{'s' if relayed != 1 else ''} beyond one per need" if relayed else ""
+    return ls.schedule("relay", started, ("relay: every need over a quickest route of one-transfer hops, relayed "
+                                          "by the GPUs on it" + more,))
 
 
 # ---- oneshot --------------------------------------------------------------------------------------
