@@ -31,7 +31,6 @@ pays at small sizes (DGX A100 allreduce 1 KB). An allreduce is planned on the bu
 
 from __future__ import annotations
 
-import heapq
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -394,31 +393,22 @@ class Routes:
     its best path (alpha plus bytes over bandwidth); among equally quick ones, the least loaded."""
 
     def __init__(self, topo: Topology, nbytes: float):
+        import numpy as np
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import dijkstra
         self.topo = topo
         self.hop = {(a, b): topo.transfer_time(a, b, nbytes) for a in range(topo.ngpus) for b in topo.neighbours(a)}
         self.into: dict[int, list[int]] = {}
         for a, b in self.hop:
             self.into.setdefault(b, []).append(a)
         self.load: dict[tuple[int, int], float] = {}
-        self._dist: dict[tuple[int, bool], list[float]] = {}
+        n = topo.ngpus
+        graph = csr_matrix((list(self.hop.values()), ([a for a, _ in self.hop], [b for _, b in self.hop])), shape=(n, n))
+        self.quickest = dijkstra(graph, directed=True) if self.hop else np.full((n, n), np.inf)  # [from, to]
 
     def dist(self, root: int, towards: bool) -> list[float]:
         """Quickest time from root to every GPU (towards=False) or from every GPU to root (True)."""
-        key = (root, towards)
-        if key not in self._dist:
-            d = [float("inf")] * self.topo.ngpus
-            d[root], heap = 0.0, [(0.0, root)]
-            while heap:
-                t, v = heapq.heappop(heap)
-                if t > d[v]:
-                    continue
-                for u in (self.into.get(v, ()) if towards else self.topo.neighbours(v)):
-                    w = t + self.hop[(u, v) if towards else (v, u)]
-                    if w < d[u]:
-                        d[u] = w
-                        heapq.heappush(heap, (w, u))
-            self._dist[key] = d
-        return self._dist[key]
+        return (self.quickest[:, root] if towards else self.quickest[root]).tolist()
 
     def tree(self, root: int, leaves: tuple[int, ...], towards: bool) -> list[tuple[int, int, int]]:
         """(depth, sender, receiver) of a tree of quickest routes joining root and leaves: from root
