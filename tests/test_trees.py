@@ -97,3 +97,32 @@ def test_trees_refuse_what_they_cannot_plan_with_a_clear_error(topo, hw, nodes, 
     t = topo(hw, nodes)
     with pytest.raises(CompileError, match=f"trees: .*{why}"):
         plan(t, make_demand("allgather", t.ngpus, GB), PlanOptions(method="trees"))
+
+
+def torus(rows: int, cols: int):
+    from compiler.model.profiles import compose, synthetic_profile
+    pairs = sorted({tuple(sorted((r * cols + c, r2 * cols + c2))) for r in range(rows) for c in range(cols)
+                    for r2, c2 in ((r, (c + 1) % cols), ((r + 1) % rows, c))})
+    doc = synthetic_profile("line", rows * cols, "torus")
+    doc["links"] = [{"ends": list(p), "bandwidth_GBps": 50, "alpha_us": 1.0} for p in pairs]
+    return compose({**doc, "name": f"torus{rows}x{cols}"})
+
+
+def test_the_multicast_flow_lp_keeps_its_time_limit():
+    t = torus(4, 8)  # 992 source-destination flows over 128 links: HiGHS took 108 s without a limit
+    with pytest.raises(CompileError, match=r"^trees: the multicast flow LP .* did not finish within its 0.2 s"):
+        plan(t, make_demand("allgather", 32, 32 * 4000), PlanOptions(method="trees", time_limit=0.2))
+
+
+def test_auto_leaves_trees_out_where_their_lp_is_large_and_takes_relay_on_a_large_mesh(topo):
+    big = torus(4, 8)
+    tried, skipped = candidates(big, make_demand("allgather", 32, 32 * 4000), PlanOptions())
+    assert "trees" not in tried and any(s.startswith("trees (its multicast flow LP has 126976") for s in skipped)
+    assert "relay" in tried and "ring" in tried  # one node of 32 GPUs: the optimisers may not finish
+    tried, skipped = candidates(topo("mi250"), make_demand("allgather", 8, 8 * 4000), PlanOptions())
+    assert "trees" in tried and "relay" not in tried and "ring" in tried  # relay never won on one MI250
+    assert "relay (ring and an optimiser are candidates)" in skipped
+    tried, _ = candidates(topo("mi250", 2), make_demand("alltoall", 16, 16 * 4000), PlanOptions())
+    assert "relay" in tried  # on several nodes a demand without copies goes through the NICs as direct's does
+    tried, _ = candidates(topo("mi250", 2), make_demand("allgather", 16, 16 * 4000), PlanOptions())
+    assert "relay" not in tried and "hier" in tried

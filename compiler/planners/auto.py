@@ -85,7 +85,11 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     if topo.nodes > 1 and (copies or plan_demand.root is not None):
         tried.append("hier")
     if trees_apply(topo, plan_demand):
-        tried.append("trees")
+        flows = trees_flows(topo, plan_demand)
+        if flows <= TREES_MAX_FLOWS:
+            tried.append("trees")
+        else:
+            skipped.append(f"trees (its multicast flow LP has {flows} flow variables; above {TREES_MAX_FLOWS})")
     if copies:
         if size <= MILP_MAX_FLOWS:
             tried.append("milp")
@@ -103,13 +107,23 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
         else:
             skipped.append(f"milp (about {exact} flow variables; above {MILP_MAX_FLOWS // 4} for a copy-free demand)")
     if apart is not None:
-        # relay is the candidate that always plans: where ring and an optimiser are there too (MI250, DGX-1, 10 s
-        # limits) it never won and its judging took their time (DGX-1 alltoall 64 MB: lp/8ch 0.983 -> lp/4ch 0.966)
-        if not has_ring(topo) or not any(m in tried for m in OPTIMISERS):
+        # relay is the candidate that always plans: where ring and an optimiser are there too on one MI250 or DGX-1
+        # node it never won and its judging took their time (10 s: DGX-1 alltoall 64 MB lp/8ch 0.983 -> lp/4ch
+        # 0.966); on one node of more GPUs the optimisers and trees may not finish (a 32-GPU torus), and on several
+        # nodes a demand without copies goes through the NICs as direct's does (MI250 x 2 alltoall 64 MB: 0.997 of
+        # the floor, planned in 0.1 s; with copies hier is there, and DGX-1 x 2 allgather 1 GB lost 0.961 -> 0.923)
+        if not has_ring(topo) or not any(m in tried for m in OPTIMISERS) or (topo.nodes > 1 and not copies) or \
+                (topo.nodes == 1 and topo.ngpus > RELAY_BESIDE_OPTIMISERS):
             tried.insert(0, "relay")
         else:
             skipped.append("relay (ring and an optimiser are candidates)")
     return tried, skipped
+
+
+def trees_flows(topo: Topology, demand: Demand) -> int:
+    """The flow variables of trees' multicast flow LP: a (source, destination) pair's flow on every link."""
+    pairs = {(c.sources[0], d) for c in demand.chunks for d in c.dests if d not in c.sources}
+    return len(pairs) * len(topo.links)
 
 
 def has_ring(topo: Topology) -> bool:
@@ -140,6 +154,9 @@ def oneshot_apart(topo: Topology, demand: Demand) -> tuple[int, int] | None:
                  if s != d and not topo.paths(s, d)), None)
 
 
+TREES_MAX_FLOWS = 20_000  # trees is constructive, planned in about a second: its LP took 1.7 s at 26,496 flow
+# variables (a 24-GPU ring) and 108 s at 126,976 (a 4 x 8 torus; one MI250 node has 1,344)
+RELAY_BESIDE_OPTIMISERS = 16  # GPUs of one node above which relay is a candidate even beside ring and an optimiser
 ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends GPUs - 1 times its buffer
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
@@ -672,7 +689,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     plain = copy_demand(demand)
     scale = at_scale(topo, plain)
     whole = tuple(whole_parts(demand.chunk_bytes, p, options.element_bytes) for p in REFINEMENTS)
-    fine = "trees" if trees_apply(topo, plain) else "hier" if spreads(topo, plain) else None
+    fine = "trees" if trees_apply(topo, plain) and trees_flows(topo, plain) <= TREES_MAX_FLOWS else \
+        "hier" if spreads(topo, plain) else None
     refinements = whole + {"trees": TREE_PARTS, "hier": HIER_PARTS}.get(fine, ())
     search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,), fine=fine)
     if scale is not None and options.refine:

@@ -57,11 +57,13 @@ def _why_not(topo: Topology, demand: Demand) -> str | None:
 
 
 def multicast_loads(topo: Topology, volume: dict[int, float], dests: dict[int, set[int]],
-                    over: Sequence[Link] | None = None) -> tuple[float, dict[int, dict[Edge, float]]]:
+                    over: Sequence[Link] | None = None,
+                    time_limit: float | None = None) -> tuple[float, dict[int, dict[Edge, float]]]:
     """(T, load[s][edge]): the least T in which each source s sends volume[s] to every rank of
     dests[s], the flow to each destination within s's load on every link, the loads together within
     bandwidth x count x T (volumes and bandwidths in any one unit). over: the links to use (default:
-    all of topo's; hier gives one node's)."""
+    all of topo's; hier gives one node's). time_limit: seconds HiGHS may take (a 32-GPU torus's LP
+    took 108 s and auto's 10 s waited for it)."""
     import scipy.sparse as sp  # loaded with the planner only (auto imports `applies` from here)
     from scipy.optimize import linprog
     over = topo.links if over is None else over
@@ -107,7 +109,11 @@ def multicast_loads(topo: Topology, volume: dict[int, float], dests: dict[int, s
     a_eq = sp.csr_matrix((vals, (rows, cols)), shape=(r, nx + P * E))
     c = np.zeros(nx + P * E)
     c[0] = 1.0
-    res = linprog(c, A_ub=a_ub, b_ub=ub, A_eq=a_eq, b_eq=eq, bounds=(0, None), method="highs")
+    limit = {} if time_limit is None else {"time_limit": max(0.1, time_limit)}
+    res = linprog(c, A_ub=a_ub, b_ub=ub, A_eq=a_eq, b_eq=eq, bounds=(0, None), method="highs", options=limit)
+    if res.status == 1 and time_limit is not None:
+        raise CompileError(f"trees: the multicast flow LP ({P} source-destination flows over {E} links) did not "
+                           f"finish within its {time_limit:.3g} s; raise time_limit")
     if res.status != 0:
         raise CompileError(f"trees: the multicast flow LP found no solution ({res.message})")
     x = res.x
@@ -193,13 +199,14 @@ def assign(chunks: dict[int, list[int]], trees: dict[int, list[Tree]], cap: dict
 
 
 def dealt(topo: Topology, chunks: dict[int, list[int]], dests: dict[int, set[int]],
-          over: Sequence[Link] | None = None) -> tuple[float, dict[int, list[Tree]], dict[int, int]]:
+          over: Sequence[Link] | None = None,
+          time_limit: float | None = None) -> tuple[float, dict[int, list[Tree]], dict[int, int]]:
     """Steps 1-3 for the chunks of each source (`chunks`: source -> chunk ids, `dests`: source ->
     destinations) over the links `over` (default: all of topo's): (the LP's T in chunk-times of the
     widest link, each source's arborescences, chunk id -> index of its tree)."""
     over = topo.links if over is None else over
     volume = {s: float(len(ids)) for s, ids in chunks.items()}
-    fluid, loads = multicast_loads(topo, volume, dests, over)
+    fluid, loads = multicast_loads(topo, volume, dests, over, time_limit)
     trees = {s: arborescences(s, loads[s], dests[s], volume[s]) for s in sorted(chunks)}
     top = max(l.bandwidth * l.count for l in over)
     return fluid, trees, assign(chunks, trees, {(l.src, l.dst): l.bandwidth * l.count / top for l in over})
@@ -224,7 +231,7 @@ def plan_trees(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
         if any(set(demand.chunks[i].dests) - {s} != dests[s] for i in ids):
             raise CompileError(f"trees: rank {s}'s chunks go to different ranks; trees plans one set of "
                                "destinations per source (use milp or direct)")
-    fluid, trees, which = dealt(topology, chunks, dests)
+    fluid, trees, which = dealt(topology, chunks, dests, time_limit=options.left(started))
     # step j + d: the depth-d edges of every source's j-th chunk (a tree lists a parent's edge before its children's)
     hops = []
     for s, ids in chunks.items():
