@@ -455,16 +455,15 @@ def relay_hops(topo: Topology, demand: Demand) -> list[Hop]:
     down: list[tuple[int, int, int, Hop]] = []
     for c in demand.chunks:
         if demand.reduce:
-            owner = _owner(c)
+            root = _owner(c)
             up += [(-k, _lane(demand, c), c.id, (c.id, a, b, True))
-                   for k, a, b in routes.tree(owner, c.sources, towards=True)]
-            root = owner
+                   for k, a, b in routes.tree(root, c.sources, towards=True)]
+            leaves = tuple(d for d in c.dests if d != root)
         else:
-            dests = [d for d in c.dests if d not in c.sources]
-            if not dests:
+            leaves = tuple(d for d in c.dests if d not in c.sources)
+            if not leaves:
                 continue
-            root = min(c.sources, key=lambda s: (sum(routes.dist(s, False)[d] for d in dests), s))
-        leaves = tuple(d for d in c.dests if d != root and (demand.reduce or d not in c.sources))
+            root = min(c.sources, key=lambda s: (sum(routes.dist(s, False)[d] for d in leaves), s))
         down += [(k, _lane(demand, c), c.id, (c.id, a, b, False)) for k, a, b in routes.tree(root, leaves, towards=False)]
     return [h for *_, h in sorted(up)] + [h for *_, h in sorted(down)]
 
@@ -476,8 +475,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
     for chunk, a, b, reduce in hops:
         ls.add(chunk, a, b, topology.best_path(a, b), reduce)
-    relayed = len(hops) - sum(len([d for d in c.dests if d not in c.sources]) for c in demand.chunks) \
-        if not demand.reduce else None
+    relayed = None if demand.reduce else len(hops) - len(demand.needs())
     more = f"; {relayed} hop{'s' if relayed != 1 else ''} beyond one per need" if relayed else ""
     return ls.schedule("relay", started, ("relay: every need over a quickest route of one-transfer hops, relayed "
                                           "by the GPUs on it" + more,))
