@@ -2,6 +2,7 @@
 same bytes every time; limit breaks are one clear line."""
 
 import os
+from collections import Counter
 import re
 import subprocess
 import sys
@@ -644,3 +645,22 @@ def test_a_runtimes_comment_names_known_runtimes(topo):
     xml = to_xml(lower(s, t)).replace("runtimes old executor", "runtimes old nccl2")
     with pytest.raises(CompileError, match=r"algo: <!-- msccl-compile runtimes -->.*'nccl2' is not a list of runtimes"):
         read_xml(xml)
+
+
+def test_more_send_peers_than_a_channel_holds_spread_over_copies_of_the_channels(topo):
+    """msccl-xml.md §7.2: at most 32 thread blocks with a send (a recv) peer per channel. Direct
+    alltoall on 40 GPUs has 39 of each per rank: the pairs spread over two copies of the one channel."""
+    n = 40
+    t = topo(f"hub-and-spoke:{n}")
+    options = LowerOptions(runtime="executor")
+    p = lower_twice(direct_alltoall(t, n), t, options)
+    check_program(p, make_demand("alltoall", n, 1 << 20), runtime="executor")
+    assert p.nchannels == 2
+    assert any("copies of the 1 channels" in note for note in p.notes)
+    for g in p.gpus:
+        for side in ("send", "recv"):
+            per = Counter(tb.chan for tb in g.tbs if getattr(tb, side) >= 0)
+            assert sum(per.values()) == n - 1 and max(per.values()) <= 32
+        assert all(tb.send == tb.recv for tb in g.tbs)  # both directions of a pair stay on one channel
+    small = lower(direct_alltoall(topo("hub-and-spoke:8"), 8), topo("hub-and-spoke:8"), options)
+    assert small.nchannels == 1 and not any("copies" in note for note in small.notes)

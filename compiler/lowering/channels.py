@@ -20,7 +20,7 @@ connection share one (why: compiler/lowering/lower.py, "Why the order is safe").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -162,3 +162,42 @@ def first_split(schedule: Schedule, lanes: list[int], max_steps: int) -> int:
         key = (t.src, t.dst, lane)
         per_conn[key] = per_conn.get(key, 0) + 1
     return max(1, math.ceil(max(per_conn.values(), default=0) / max_steps))
+
+
+def spread_peers(moves: list[Move], limit: int) -> tuple[list[Move], int, int]:
+    """Moves whose ranks keep at most `limit` send peers and `limit` recv peers per channel
+    (msccl-xml.md §7.2), the copies of the channel layout they take and its channels (base). Where a
+    rank has more, GPU pairs take copies of the layout (chan + base*p) greedily, pair by pair in order
+    of first appearance, each the first copy where every channel it uses has room at both ends; both
+    directions of a pair take one copy, so a block may still pair them. Unchanged (the same list)
+    where no rank is over the limit; the caller checks base*copies against the channel limit."""
+    sends: dict[tuple[int, int], set[int]] = {}
+    recvs: dict[tuple[int, int], set[int]] = {}
+    for m in moves:
+        sends.setdefault((m.src, m.chan), set()).add(m.dst)
+        recvs.setdefault((m.dst, m.chan), set()).add(m.src)
+    if all(len(v) <= limit for v in sends.values()) and all(len(v) <= limit for v in recvs.values()):
+        return moves, 1, 0
+    pairs: dict[tuple[int, int], set[tuple[int, int, int]]] = {}  # {a, b} -> (src, dst, chan) connections
+    for m in moves:
+        pairs.setdefault((min(m.src, m.dst), max(m.src, m.dst)), set()).add((m.src, m.dst, m.chan))
+    used: dict[tuple[str, int, int, int], int] = {}  # (side, rank, chan, copy) -> peers
+    copy: dict[tuple[int, int], int] = {}
+    for pair, conns in pairs.items():
+        keys = [k for s, d, c in sorted(conns) for k in (("s", s, c), ("r", d, c))]
+        p = 0
+        while any(used.get((*k, p), 0) >= limit for k in keys):
+            p += 1
+        for k in keys:
+            used[(*k, p)] = used.get((*k, p), 0) + 1
+        copy[pair] = p
+    copies = max(copy.values()) + 1
+    base = max(m.chan for m in moves) + 1
+    out = []
+    for m in moves:
+        p = copy[(min(m.src, m.dst), max(m.src, m.dst))]
+        if p:
+            chan = m.chan + base * p
+            m = replace(m, chan=chan, lane=(m.lane[0], chan))
+        out.append(m)
+    return out, copies, base

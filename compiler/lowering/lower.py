@@ -58,7 +58,8 @@ from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime,
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
-from compiler.lowering.channels import Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves
+from compiler.lowering.channels import (Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves,
+                                        spread_peers)
 from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, lower_rank, same
 from compiler.lowering.merge import merge_runs
 from compiler.gcpause import without_gc
@@ -452,7 +453,11 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
                         options.inplace is None, pace, lim, options)
     pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     while True:
-        moves = place(split)
+        moves, copies, base = spread_peers(place(split), lim.max_per_channel)
+        if base * copies > MAX_CHANNELS:
+            raise LoweringError(f"lowering: ranks need {copies} copies of {base} channels to keep at most "
+                                f"{lim.max_per_channel} thread blocks with a send (a recv) peer per channel; MSCCL "
+                                f"allows {MAX_CHANNELS} channels; use fewer --instances")
         while True:
             open_alias = can_alias and options.inplace is None  # whether in-place use is still to be found out
 
@@ -509,6 +514,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     elif split > 1:
         notes.append(f"lowering: whole chunks spread over {split} channel groups, a thread block per group on each "
                      "connection (their sends run side by side)")
+    if copies > 1:
+        notes.append(f"lowering: GPU pairs spread over {copies} copies of the {base} channels so that no channel has "
+                     f"more than {lim.max_per_channel} thread blocks with a send (a recv) peer")
     inplace_ok = can_alias and all(c.inplace_ok for c in codes)
     if options.inplace and not inplace_ok:
         bad = next((c.rank for c in codes if not c.inplace_ok), 0)
