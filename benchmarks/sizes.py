@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 from benchmarks.common import candidate_label, ours_ring_bound, save_rows  # noqa: E402
 from compiler.model.demand import make_demand  # noqa: E402
 from compiler.model.profiles import load_topology  # noqa: E402
+from compiler.specs.errors import CompileError  # noqa: E402
 from compiler.specs.units import parse_size  # noqa: E402
 
 COLLECTIVES = ("allgather", "alltoall", "reduce_scatter")
@@ -48,8 +49,13 @@ def main(argv=None) -> int:
             for text in args.sizes.split(","):
                 size = parse_size(text)
                 size -= size % (topo.ngpus * 4)  # whole float32 elements in every chunk
-                r = {"system": name, "collective": coll, "size": text, "size_bytes": size,
-                     **ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), args.time_limit)}
+                r = {"system": name, "collective": coll, "size": text, "size_bytes": size}
+                try:
+                    r.update(ours_ring_bound(topo, make_demand(coll, topo.ngpus, size), args.time_limit))
+                except CompileError as e:
+                    rows.append({**r, "failed": str(e)})
+                    print(f"{name:<12} {coll:<15} {text:>6} failed: {e}", flush=True)
+                    continue
                 rows.append(r)
                 ours = candidate_label(r)
                 print(f"{name:<12} {coll:<15} {text:>6} {ours:<22} {r['wall_s']:>6.1f} {r['algbw_GBps']:>8.4g} "
