@@ -329,3 +329,23 @@ def test_auto_writes_a_schedule_where_no_optimiser_has_time_and_there_is_no_ring
     sched = get("auto")(t, d, PlanOptions(time_limit=2.0))
     assert simulate(t, sched).ntransfers == len(sched.transfers)
     assert sched.planner == "relay"
+
+
+def test_relay_keeps_hops_between_nodes_on_rails_where_straight_ones_need_too_many_thread_blocks(topo):
+    """MI250 x 16 alltoall: straight through the NICs, every GPU has 120 remote peers, each a thread
+    block, where RCCL allows 63; relay keeps hops between nodes to one local index (a rail) and
+    forwards inside the nodes."""
+    from compiler.planners.baselines import relay_hops, thread_blocks
+    t = topo("mi250", 16)
+    d = make_demand("alltoall", t.ngpus, GB)
+    assert thread_blocks(relay_hops(t, d), 64) > 63
+    sched = get("relay")(t, d, OPTS)
+    assert any("rail group (1 local index)" in n and "rccl allows 63" in n for n in sched.notes)
+    per = t.gpus_per_node
+    for x in sched.transfers:
+        assert x.src // per == x.dst // per or x.src % per == x.dst % per
+    assert thread_blocks([(x.chunk, x.src, x.dst, x.reduce) for x in sched.transfers], 64) <= 63
+    assert simulate(t, sched).ntransfers == len(sched.transfers)
+    small = get("relay")(topo("mi250", 2), make_demand("alltoall", 16, GB), OPTS)  # 15 peers: straight
+    assert not any("rail" in n for n in small.notes)
+    assert any(x.src // per != x.dst // per and x.src % per != x.dst % per for x in small.transfers)

@@ -31,6 +31,7 @@ pays at small sizes (DGX A100 allreduce 1 KB). An allreduce is planned on the bu
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,7 @@ from typing import Callable
 from compiler.model.demand import Chunk, Demand
 from compiler.specs.collectives import SPECS
 from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import ALL, limits, target_runtimes
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, expand
 from compiler.model.topology import Topology
@@ -392,12 +394,14 @@ class Routes:
     """Quickest routes of one-transfer hops between GPUs for chunks of `nbytes`, each hop timed as
     its best path (alpha plus bytes over bandwidth); among equally quick ones, the least loaded."""
 
-    def __init__(self, topo: Topology, nbytes: float):
+    def __init__(self, topo: Topology, nbytes: float, rails: int = 0):
+        """rails: where > 0, a hop between nodes joins GPUs of one rail group only (on_rail)."""
         import numpy as np
         from scipy.sparse import csr_matrix
         from scipy.sparse.csgraph import dijkstra
         self.topo = topo
-        self.hop = {(a, b): topo.transfer_time(a, b, nbytes) for a in range(topo.ngpus) for b in topo.neighbours(a)}
+        self.hop = {(a, b): topo.transfer_time(a, b, nbytes) for a in range(topo.ngpus) for b in topo.neighbours(a)
+                    if not rails or on_rail(topo, a, b, rails)}
         self.into: dict[int, list[int]] = {}
         for a, b in self.hop:
             self.into.setdefault(b, []).append(a)
@@ -422,13 +426,26 @@ class Routes:
                 raise CompileError(f"relay: rank {b} cannot be reached from rank {a} on {self.topo.name}")
         tol = 1e-9 * max(1.0, max(x for x in d if x < inf))
         crossed, nxt = {root: 0}, {}
-        for v in sorted((v for v in range(self.topo.ngpus) if 0 < d[v] < inf), key=lambda v: (d[v], v)):
-            near = self.topo.neighbours(v) if towards else self.into.get(v, ())
-            edges = [((v, u) if towards else (u, v), u) for u in near if u in crossed]
-            crossed[v], nxt[v] = min((crossed[u] + self.load.get(e, 0), u) for e, u in edges
-                                     if abs(d[u] + self.hop[e] - d[v]) <= tol)
+
+        def cross(v: int) -> None:  # crossed[v] and nxt[v], from those of the GPUs a hop nearer the root
+            stack = [v]
+            while stack:
+                x = stack[-1]
+                if x in crossed:
+                    stack.pop()
+                    continue
+                near = self.topo.neighbours(x) if towards else self.into.get(x, ())
+                edges = [((x, u) if towards else (u, x), u) for u in near if u == root or 0 < d[u] < inf]
+                edges = [(e, u) for e, u in edges if abs(d[u] + self.hop[e] - d[x]) <= tol]
+                missing = [u for _, u in edges if u not in crossed]
+                if missing:
+                    stack += missing
+                    continue
+                crossed[x], nxt[x] = min((crossed[u] + self.load.get(e, 0), u) for e, u in edges)
+                stack.pop()
         parent: dict[int, int] = {root: -1}
         for leaf in sorted(set(leaves) - {root}, key=lambda v: (d[v], v)):
+            cross(leaf)
             v = leaf
             while v not in parent:
                 u = parent[v] = nxt[v]
@@ -446,11 +463,18 @@ class Routes:
         return [(depth[v], v, u) if towards else (depth[v], u, v) for v, u in parent.items() if u >= 0]
 
 
-def relay_hops(topo: Topology, demand: Demand) -> list[Hop]:
+def on_rail(topo: Topology, a: int, b: int, group: int) -> bool:
+    """Whether GPUs a and b are in one node, or in one rail group: local indices a // group apart."""
+    per = topo.gpus_per_node
+    return a // per == b // per or a % per // group == b % per // group
+
+
+def relay_hops(topo: Topology, demand: Demand, rails: int = 0) -> list[Hop]:
     """Every chunk's tree of hops, in causal order: reductions up their trees deepest first, then
     copies down theirs shallowest first, chunk by chunk at each depth (as the ring moves step j of
-    every chunk together)."""
-    routes = Routes(topo, demand.chunk_bytes)
+    every chunk together). rails: where > 0, hops between nodes only within rail groups of that
+    many local indices (Routes)."""
+    routes = Routes(topo, demand.chunk_bytes, rails)
     up: list[tuple[int, int, int, Hop]] = []
     down: list[tuple[int, int, int, Hop]] = []
     for c in demand.chunks:
@@ -471,14 +495,39 @@ def relay_hops(topo: Topology, demand: Demand) -> list[Hop]:
 @register("relay")
 def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
-    hops = relay_hops(topology, demand)
+    hops, notes = relay_hops(topology, demand), []
+    lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
+    room = lim.max_tbs - 1 if not topology.sms else min(lim.max_tbs, topology.sms) - 1
+    need = thread_blocks(hops, lim.max_steps)
+    per = topology.gpus_per_node
+    for group in (g for g in range(per - 1, 0, -1) if per % g == 0) if topology.nodes > 1 and need > room else ():
+        railed = relay_hops(topology, demand, group)
+        if thread_blocks(railed, lim.max_steps) <= room or group == 1:
+            hops = railed
+            notes.append(f"relay: hops between nodes only among GPUs of one rail group ({group} local "
+                         f"ind{'ex' if group == 1 else 'ices'}): straight, a rank needed about {need} thread blocks, "
+                         f"where {lim.tb_reason}")
+            break
     ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
     for chunk, a, b, reduce in hops:
         ls.add(chunk, a, b, topology.best_path(a, b), reduce)
     relayed = None if demand.reduce else len(hops) - len(demand.needs())
     more = f"; {relayed} hop{'s' if relayed != 1 else ''} beyond one per need" if relayed else ""
     return ls.schedule("relay", started, ("relay: every need over a quickest route of one-transfer hops, relayed "
-                                          "by the GPUs on it" + more,))
+                                          "by the GPUs on it" + more,) + tuple(notes))
+
+
+def thread_blocks(hops: list[Hop], max_steps: int) -> int:
+    """About the most thread blocks a rank's program needs: one per peer (a send and a receive peer
+    share one), times the channel groups the busiest pair's transfers need at `max_steps` per block."""
+    peers: dict[tuple[int, int], set[int]] = {}
+    pairs: dict[tuple[int, int], int] = {}
+    for _, a, b, _ in hops:
+        peers.setdefault((a, 0), set()).add(b)
+        peers.setdefault((b, 1), set()).add(a)
+        pairs[(min(a, b), max(a, b))] = pairs.get((min(a, b), max(a, b)), 0) + 1
+    most = max(map(len, peers.values()), default=0)
+    return most * math.ceil(max(pairs.values(), default=0) / max_steps)
 
 
 # ---- oneshot --------------------------------------------------------------------------------------
