@@ -664,3 +664,40 @@ def test_more_send_peers_than_a_channel_holds_spread_over_copies_of_the_channels
         assert all(tb.send == tb.recv for tb in g.tbs)  # both directions of a pair stay on one channel
     small = lower(direct_alltoall(topo("hub-and-spoke:8"), 8), topo("hub-and-spoke:8"), options)
     assert small.nchannels == 1 and not any("copies" in note for note in small.notes)
+
+
+def test_peers_pair_on_a_block_only_where_their_steps_fit_under_a_cap():
+    from compiler.lowering.codegen import pair_thread_blocks
+    sends, recvs = {(0, 1), (0, 2), (0, 3)}, {(0, 1), (0, 2), (0, 3)}
+    weights = {(0, 1, 2): 24}  # 24 receives from 1 that a send to 2 forwards
+    count = {(0, 0, 1): 24, (0, 0, 2): 48, (0, 0, 3): 10, (0, 1, 1): 48, (0, 1, 2): 24, (0, 1, 3): 10}
+    assert pair_thread_blocks(sends, recvs, weights) == [(1, 2, 0), (2, 1, 0), (3, 3, 0)]  # (send, recv, chan)
+    capped = pair_thread_blocks(sends, recvs, weights, steps=(64, count))
+    assert capped == [(-1, 1, 0), (1, 2, 0), (2, -1, 0), (3, 3, 0)]
+    steps = {tb: count.get((0, 0, tb[0]), 0) + count.get((0, 1, tb[1]), 0) - weights.get((0, tb[1], tb[0]), 0)
+             for tb in capped}
+    assert max(steps.values()) <= 64  # 48 + 48 - 24 = 72 paired: the forward no longer fuses
+    assert {p for p, _, _ in capped if p >= 0} == {1, 2, 3} and {p for _, p, _ in capped if p >= 0} == {1, 2, 3}
+
+
+def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_not_fit(topo):
+    """Rank 0 relays rank 1's 24 chunks for rank 2: paired by the forward, its block with send peer 2
+    and receive peer 1 holds 72 steps, and two channel groups double its 35 peers' blocks past
+    RCCL's 63. Paired only where they fit, every block holds at most 64 steps on one group."""
+    n, c = 36, 24
+    t = topo(f"hub-and-spoke:{n}")
+    d = make_demand("alltoall", n, n * n * c * 4, c)
+    hops = []
+    for ch in d.chunks:
+        s, r = ch.sources[0], ch.dests[0]
+        if s == r:
+            continue
+        if (s, r) == (1, 2):
+            hops += [(ch.id, 1, 0, 0), (ch.id, 0, 2, 1)]
+        else:
+            hops.append((ch.id, s, r, 0))
+    sched = schedule(t, d, hops, "relayed")
+    p = lower_twice(sched, t, LowerOptions(runtime="rccl"))
+    check_program(p, d, runtime="rccl")
+    assert any("fit in" in note for note in p.notes)
+    assert max(len(g.tbs) for g in p.gpus) <= 63 and max(len(tb.steps) for g in p.gpus for tb in g.tbs) <= 64

@@ -119,7 +119,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
                pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
-               pace_fast: bool = True) -> RankCode:
+               pace_fast: bool = True, cap: int | None = None) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -139,7 +139,8 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     ring_ids: thread blocks numbered by peer in ring order from this rank (pair_thread_blocks).
     pace_fast: False paces only sends over slow paths (Move.slow: through a NIC); a fast link's
     sends, gated by their data anyway, take its lanes first come, first served. Where the rank
-    would store too many XML nodes, fast links lose their pacing before any slow one does."""
+    would store too many XML nodes, fast links lose their pacing before any slow one does.
+    cap: where given, two peers share a thread block only where their steps fit it (pair_thread_blocks)."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
@@ -151,7 +152,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         ops = rank_ops(rank, moves_out, moves_in, demand)
         by_chunk, weights = link_forwards(ops)
         ring = (rank, demand.ngpus) if ring_ids else None
-        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring)
+        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring, cap)
         gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow, pace_fast)
         for unit in fuse(ops, len(tbs)):
             gen.emit(unit)
@@ -225,8 +226,8 @@ def link_forwards(ops: list[Op]) -> tuple[dict[int, list[Op]], dict[tuple[int, i
 
 
 def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int],
-              pair_slow: bool = False, pair_peers: bool = True,
-              ring: tuple[int, int] | None = None) -> tuple[list[DraftThreadBlock], dict[int, int]]:
+              pair_slow: bool = False, pair_peers: bool = True, ring: tuple[int, int] | None = None,
+              cap: int | None = None) -> tuple[list[DraftThreadBlock], dict[int, int]]:
     """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
     the chunk's first send (which then reads o), else the least loaded. pair_slow: a receive over a
     slow path may share a thread block with a send peer that would not wait for it (saves thread
@@ -234,8 +235,16 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
     slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
+    steps = None
+    if cap is not None:
+        counts: dict[tuple[int, int, int], int] = {}
+        for o in ops:
+            if o.kind is not COPY:
+                k = (o.move.chan, 0, o.move.dst) if o.kind is SEND else (o.move.chan, 1, o.move.src)
+                counts[k] = counts.get(k, 0) + 1
+        steps = (cap, counts)
     peers = pair_thread_blocks(sends, recvs, weights, slow, _behind_slow(ops, slow) if pair_slow else None, pair_peers,
-                               ring)
+                               ring, steps)
     if not peers and any(o.kind is COPY for o in ops):
         peers = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
@@ -281,7 +290,8 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                        weights: dict[tuple[int, int, int], int],
                        slow: frozenset[tuple[int, int]] = frozenset(),
                        waits: Callable[[int, int, int], bool] | None = None,
-                       pair_peers: bool = True, ring: tuple[int, int] | None = None) -> list[tuple[int, int, int]]:
+                       pair_peers: bool = True, ring: tuple[int, int] | None = None,
+                       steps: tuple[int, dict[tuple[int, int, int], int]] | None = None) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
     weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. Per channel:
     a receive over a slow path (in `slow`) gets a thread block of its own (sends placed behind it
@@ -294,21 +304,32 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     ready at once (the timer takes them in id order; a GPU dispatches blocks in about that order,
     though CUDA does not promise it) pair up alike on every rank's link; by peer, each rank's
     network sends paired up differently and met three at a time at receivers the plan gave two
-    (DGX H100 x 64 allgather 1 GB: 3.25 against 2.85 ms)."""
+    (DGX H100 x 64 allgather 1 GB: 3.25 against 2.85 ms).
+    steps: where given, (cap, count of sends (chan, 0, peer) and of receives (chan, 1, peer)): two
+    peers share a block only where its steps (sends plus receives less the forwards that fuse)
+    stay within cap; a block per peer is more blocks, but no more channel groups for them all."""
     tbs = []
+
+    def fits(chan: int, d: int, a: int) -> bool:
+        if steps is None:
+            return True
+        cap, count = steps
+        fused = weights.get((chan, a, d), 0)
+        return count.get((chan, 0, d), 0) + count.get((chan, 1, a), 0) - fused <= cap
+
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
         free_r = {p for c, p in recvs if c == chan}
         for p in sorted(free_r):
             if (chan, p) in slow:
                 mate = next((d for d in [p] + sorted(free_s - {p})
-                             if d in free_s and waits is not None and not waits(chan, d, p)), -1)
+                             if d in free_s and waits is not None and not waits(chan, d, p) and fits(chan, d, p)), -1)
                 tbs.append((mate, p, chan))
                 free_r.discard(p)
                 free_s.discard(mate)
         ranked = sorted((-w, a, d) for (c, a, d), w in weights.items() if c == chan and w > 0)
         for _, a, d in ranked:
-            if a in free_r and d in free_s:
+            if a in free_r and d in free_s and fits(chan, d, a):
                 tbs.append((d, a, chan))
                 free_r.discard(a)
                 free_s.discard(d)
@@ -316,8 +337,18 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
             tbs += [(p, -1, chan) for p in sorted(free_s)] + [(-1, p, chan) for p in sorted(free_r)]
             continue
         for p in sorted(free_s & free_r):
-            tbs.append((p, p, chan))
-        rest_s, rest_r = sorted(free_s - free_r), sorted(free_r - free_s)
+            if fits(chan, p, p):
+                tbs.append((p, p, chan))
+                free_s.discard(p)
+                free_r.discard(p)
+        if steps is not None:  # the heaviest sender first, with the heaviest receiver that fits; the rest alone
+            rest_r = sorted(free_r, key=lambda p: (steps[1].get((chan, 1, p), 0), p))
+            for d in sorted(free_s, key=lambda p: (-steps[1].get((chan, 0, p), 0), p)):
+                j = next((j for j in range(len(rest_r) - 1, -1, -1) if fits(chan, d, rest_r[j])), -1)
+                tbs.append((d, rest_r.pop(j) if j >= 0 else -1, chan))
+            tbs += [(-1, a, chan) for a in rest_r]
+            continue
+        rest_s, rest_r = sorted(free_s), sorted(free_r)
         for i in range(max(len(rest_s), len(rest_r))):
             tbs.append((rest_s[i] if i < len(rest_s) else -1, rest_r[i] if i < len(rest_r) else -1, chan))
     if ring is not None:

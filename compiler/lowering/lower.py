@@ -133,6 +133,9 @@ class LowerOptions:
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
 
+CAPPED_TRIES = 6  # lowerings with peers paired only where their steps fit, after the first (MI250 x 16 alltoall: 4)
+
+
 def too_many_instances(instances: int) -> str | None:
     """Why `instances` cannot be written whatever the plan (each instance is a channel at least)."""
     if instances > MAX_CHANNELS:
@@ -348,7 +351,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
                  pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
-                 pace_fast: bool = True) -> tuple[list[RankCode], bool]:
+                 pace_fast: bool = True, cap: int | None = None) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
@@ -359,7 +362,8 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
     codes = []
     for r in range(demand.ngpus):
         codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
-                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast))
+                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast,
+                                cap))
         if stop is not None and stop(codes[-1]):
             return codes, False
     fill_remote_fields(codes, moves)
@@ -448,10 +452,32 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         return place_moves(schedule, levels, lanes, splits(split), options.instances,
                            SLOTS[options.proto], topology, widths, rank, options.rotate_slow, split)
 
-    split = max(options.groups, first_split(schedule, lanes, lim.max_steps))
-    split = probe_split(min(most, split), most, place, busiest_rank(schedule), demand, can_alias,
-                        options.inplace is None, pace, lim, options)
+    split = first = min(most, max(options.groups, first_split(schedule, lanes, lim.max_steps)))
+    split = probe_split(split, most, place, busiest_rank(schedule), demand, can_alias, options.inplace is None, pace,
+                        lim, options)
     pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
+    cap = None  # two peers share a thread block whatever its steps; where more channel groups then need more
+    # blocks than the runtime allows, lowered again from the least split (before the probe, which pairs them all)
+    # with peers paired only where they fit
+
+    failure: list[LoweringError] = []  # why the uncapped lowering failed: said where the capped one fails too
+
+    def uncapped(why: LoweringError) -> bool:
+        nonlocal cap, split, pair_slow
+        if cap is not None or not options.pair_peers or split == first:
+            return False
+        failure.append(why)
+        cap, split, pair_slow = lim.max_steps, first, False
+        return True
+
+    def failed(why: LoweringError) -> LoweringError:
+        return failure[0] if failure else why
+
+    capped_tries = [CAPPED_TRIES]
+
+    def budget() -> bool:  # each capped try lowers every rank: a few, then the first failure stands
+        capped_tries[0] -= 1
+        return capped_tries[0] >= 0
     while True:
         moves, copies, base = spread_peers(place(split), lim.max_per_channel)
         if base * copies > MAX_CHANNELS:
@@ -468,7 +494,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
-                                        options.ring_ids, options.pace_fast)
+                                        options.ring_ids, options.pace_fast, cap)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
@@ -482,15 +508,26 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
             continue
         if most_tbs > lim.max_tbs:  # slow receives paired too: no placement of this split has fewer blocks
             rank = next(c.rank for c in codes if len(c.tbs) == most_tbs)
-            raise too_many_blocks(rank, most_tbs, lim, f" (with {split} channel groups)" if split > 1 else "")
+            why = too_many_blocks(rank, most_tbs, lim, f" (with {split} channel groups)" if split > 1 else "")
+            if uncapped(why):
+                continue
+            if cap is not None and split < most and budget():  # capped: one more group, a fresh cap
+                split, cap, pair_slow = split + 1, lim.max_steps, False
+                continue
+            raise failed(why)
         worst, rank, tb = worst_thread_block(codes)
         if worst <= lim.max_steps:
             break
-        if split == most:
-            raise TooManySteps(f"lowering: rank {rank} thread block {tb} needs {worst} steps with {split * per_group} "
-                                f"channels; {_allows(lim, 'steps')}, and MSCCL allows {MAX_CHANNELS} channels; "
-                                "use --runtime old or fewer --chunks")
+        if cap is not None and cap > lim.max_steps // 4 and budget():  # capped: fewer steps per block first (nops
+            cap = min(cap - 1, cap * lim.max_steps // worst)  # come on top of the sends and receives counted)
+            continue
+        if split == most or (cap is not None and not budget()):
+            why = TooManySteps(f"lowering: rank {rank} thread block {tb} needs {worst} steps with {split * per_group} "
+                               f"channels; {_allows(lim, 'steps')}, and MSCCL allows {MAX_CHANNELS} channels; "
+                               "use --runtime old or fewer --chunks")
+            raise failed(why)
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
+        cap = lim.max_steps if cap is not None else None
     if not options.pair_peers:
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
     if options.lanes_across and max(lanes, default=0) > 0:
@@ -508,6 +545,10 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     if options.pace and options.pace_ahead:
         notes.append(f"lowering: each link a rank feeds in schedule order keeps {options.pace_ahead} more "
                      f"run{'s' if options.pace_ahead > 1 else ''} of sends in flight than it has lanes")
+    if cap is not None:
+        notes.append(f"lowering: two peers share a thread block only where their sends and receives fit in {cap} "
+                     "steps (with every pair that could, more channel groups needed more thread blocks than the "
+                     "runtime allows)")
     if split > 1 and split > options.groups:
         notes.append(f"lowering: chunks spread over {split} channel groups to keep thread blocks within "
                      f"{lim.max_steps} steps")
