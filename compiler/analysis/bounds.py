@@ -89,10 +89,15 @@ class Traffic:
         """Chunks with the same holders and the same destinations as one row with their bytes
         summed: every bound is a sum over such rows, and an alltoall cut into C chunks then costs
         n^2 rows, not n^2 C."""
-        keys = np.concatenate([self.src, self.dst], axis=1)
-        rows, inverse = np.unique(keys, axis=0, return_inverse=True)
-        nbytes = np.bincount(inverse.ravel(), weights=self.nbytes, minlength=len(rows))
         n = self.src.shape[1]
+        # rows packed into bytes (big-endian bits keep the rows' order) and compared as one value each: np.unique
+        # over 2n bool columns compared column by column (MI250 x 16 alltoall in 4 chunks: 7.9 s, 0.3 s packed)
+        packed = np.packbits(np.concatenate([self.src, self.dst], axis=1), axis=1)
+        keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        rows = np.unpackbits(uniq.view(np.uint8).reshape(len(uniq), packed.shape[1]), axis=1, count=2 * n)
+        rows = rows.astype(bool)
+        nbytes = np.bincount(inverse.ravel(), weights=self.nbytes, minlength=len(rows))
         return Traffic(rows[:, :n], rows[:, n:], nbytes, self.reduce)
 
     def leaving(self, inside: np.ndarray) -> np.ndarray:

@@ -59,12 +59,15 @@ class Demand:
     def masks(self) -> tuple[np.ndarray, np.ndarray]:
         """Boolean (chunks x ngpus) membership of sources and of destinations."""
         import numpy as np
-        src = np.zeros((len(self.chunks), self.ngpus), dtype=bool)
-        dst = np.zeros_like(src)
-        for i, c in enumerate(self.chunks):
-            src[i, list(c.sources)] = True
-            dst[i, list(c.dests)] = True
-        return src, dst
+        n = len(self.chunks)
+        out = []
+        for side in ("sources", "dests"):  # one fancy assignment over every (chunk, rank), not one per chunk
+            lens = np.fromiter((len(getattr(c, side)) for c in self.chunks), dtype=np.int64, count=n)
+            ranks = np.fromiter((r for c in self.chunks for r in getattr(c, side)), dtype=np.int64, count=int(lens.sum()))
+            mask = np.zeros((n, self.ngpus), dtype=bool)
+            mask[np.repeat(np.arange(n), lens), ranks] = True
+            out.append(mask)
+        return out[0], out[1]
 
     def split(self, parts: int) -> "Demand":
         """Each chunk becomes `parts` sub-chunks (buffer indices scale accordingly)."""
