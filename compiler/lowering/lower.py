@@ -93,9 +93,8 @@ def runtime_limits(runtime: str, sms: int = 0, targets: tuple[str, ...] = ()) ->
         lim = limits_for(runtime, declared=targets)
     except CompileError as e:
         raise LoweringError(str(e)) from None
-    tbs, reason = lim.max_tbs - 1, lim.tb_reason
-    if 0 < sms <= tbs:
-        tbs, reason = sms - 1, f"the GPU has {sms} SMs and all thread blocks must be co-resident"
+    tbs = lim.blocks(sms)
+    reason = lim.tb_reason if tbs == lim.blocks() else f"the GPU has {sms} SMs and all thread blocks must be co-resident"
     return RuntimeLimits(runtime, lim.max_steps, tbs, reason, sms=sms, targets=lim.runtimes)
 
 
@@ -460,24 +459,23 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     # blocks than the runtime allows, lowered again from the least split (before the probe, which pairs them all)
     # with peers paired only where they fit
 
-    failure: list[LoweringError] = []  # why the uncapped lowering failed: said where the capped one fails too
+    failure: LoweringError | None = None  # why the uncapped lowering failed: said where the capped one fails too
+    tries = CAPPED_TRIES
 
     def uncapped(why: LoweringError) -> bool:
-        nonlocal cap, split, pair_slow
+        nonlocal cap, split, pair_slow, failure
         if cap is not None or not options.pair_peers or split == first:
             return False
-        failure.append(why)
-        cap, split, pair_slow = lim.max_steps, first, False
+        failure, cap, split, pair_slow = why, lim.max_steps, first, False
         return True
 
     def failed(why: LoweringError) -> LoweringError:
-        return failure[0] if failure else why
-
-    capped_tries = [CAPPED_TRIES]
+        return failure or why
 
     def budget() -> bool:  # each capped try lowers every rank: a few, then the first failure stands
-        capped_tries[0] -= 1
-        return capped_tries[0] >= 0
+        nonlocal tries
+        tries -= 1
+        return tries >= 0
     while True:
         moves, copies, base = spread_peers(place(split), lim.max_per_channel)
         if base * copies > MAX_CHANNELS:

@@ -497,7 +497,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     started = time.perf_counter()
     hops, notes = relay_hops(topology, demand), []
     lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
-    room = lim.max_tbs - 1 if not topology.sms else min(lim.max_tbs, topology.sms) - 1
+    room = lim.blocks(topology.sms)
     need = thread_blocks(hops, lim.max_steps)
     per = topology.gpus_per_node
     for group in (g for g in range(per - 1, 0, -1) if per % g == 0) if topology.nodes > 1 and need > room else ():

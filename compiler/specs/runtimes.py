@@ -139,6 +139,11 @@ class Limits:
     def label(self) -> str:
         return "/".join(self.runtimes)
 
+    def blocks(self, sms: int = 0) -> int:
+        """Thread blocks a rank may have: below max_tbs and, where sms > 0, below the SM count (all
+        blocks must be co-resident)."""
+        return min(self.max_tbs, sms) - 1 if sms > 0 else self.max_tbs - 1
+
 
 def limits(runtimes: tuple[str, ...]) -> Limits:
     specs = [runtime(r) for r in runtimes]
