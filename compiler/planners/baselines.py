@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -270,17 +271,46 @@ def _hop_path(topo: Topology, a: int, b: int) -> tuple[int, ...]:
     return topo.best_path(a, b)
 
 
-def ring_hops(demand: Demand, chunk: Chunk, ring: Ring) -> list[Hop]:
-    """The walk of one chunk along `ring`, in causal order."""
+def ring_runs(demand: Demand, chunk: Chunk, ring: Ring) -> list[tuple[int, int, bool]]:
+    """(first rank, hops, reduce) of the runs one chunk walks along `ring`, in causal order."""
     if not demand.reduce:
         src = chunk.sources[0]
-        far = max((ring.distance(src, d) for d in chunk.dests if d not in chunk.sources), default=0)
-        return [(chunk.id, a, b, False) for a, b in ring.walk(src, far)]
+        return [(src, max((ring.distance(src, d) for d in chunk.dests if d not in chunk.sources), default=0), False)]
     owner = _owner(chunk)
     up = max((ring.distance(s, owner) for s in chunk.sources if s != owner), default=0)
-    hops = [(chunk.id, a, b, True) for a, b in ring.walk(ring.step(owner, -up), up)]
     down = max((ring.distance(owner, d) for d in chunk.dests if d != owner), default=0)
-    return hops + [(chunk.id, a, b, False) for a, b in ring.walk(owner, down)]
+    return [(ring.step(owner, -up), up, True), (owner, down, False)]
+
+
+def ring_hops(demand: Demand, chunk: Chunk, ring: Ring) -> list[Hop]:
+    """The walk of one chunk along `ring`, in causal order."""
+    return [(chunk.id, a, b, reduce) for start, hops, reduce in ring_runs(demand, chunk, ring)
+            for a, b in ring.walk(start, hops)]
+
+
+def ring_links_s(topology: Topology, demand: Demand) -> float:
+    """A lower bound on the ring baseline's time: the seconds its busiest link needs for the chunks
+    its walks put on it, at the link's full bandwidth (all its parallel links at once). An alltoall's
+    chunk walks to its destination, half way round on average, so at tens of GPUs this is many
+    times what a plan of direct routes takes; it costs a pass over the chunks, not a schedule."""
+    import numpy as np
+    rings = find_rings(topology)
+    n = len(rings[0].order)
+    starts = np.zeros((len(rings), 2 * n + 1))  # per ring, +1 where a run starts and -1 after it ends
+    for c in demand.chunks:
+        k = _lane(demand, c) % len(rings)
+        for first, hops, _ in ring_runs(demand, c, rings[k]):
+            p = rings[k].pos[first]
+            starts[k, p] += 1
+            starts[k, p + hops] -= 1
+    runs = np.cumsum(starts, axis=1)
+    per_link: Counter = Counter()
+    for ring, counts in zip(rings, runs[:, :n] + runs[:, n:2 * n]):  # a run past the last rank wraps round
+        for i in np.flatnonzero(counts):
+            for l in topology.path_links(_hop_path(topology, ring.order[i], ring.step(ring.order[i]))):
+                per_link[l] += float(counts[i])
+    links = topology.links
+    return max((x * demand.chunk_bytes / (links[l].bandwidth * links[l].count) for l, x in per_link.items()), default=0.0)
 
 
 @register("ring")
@@ -403,9 +433,12 @@ class Routes:
         self.hop = {(a, b): topo.transfer_time(a, b, nbytes) for a in range(topo.ngpus) for b in topo.neighbours(a)
                     if not rails or on_rail(topo, a, b, rails)}
         self.into: dict[int, list[int]] = {}
+        self.out: dict[int, list[int]] = {}
         for a, b in self.hop:
             self.into.setdefault(b, []).append(a)
+            self.out.setdefault(a, []).append(b)
         self.load: dict[tuple[int, int], float] = {}
+        self.known: dict[tuple[int, bool], tuple] = {}  # (root, towards) -> what tree() finds alike every time
         n = topo.ngpus
         graph = csr_matrix((list(self.hop.values()), ([a for a, _ in self.hop], [b for _, b in self.hop])), shape=(n, n))
         self.quickest = dijkstra(graph, directed=True) if self.hop else np.full((n, n), np.inf)  # [from, to]
@@ -414,17 +447,21 @@ class Routes:
         """Quickest time from root to every GPU (towards=False) or from every GPU to root (True)."""
         return (self.quickest[:, root] if towards else self.quickest[root]).tolist()
 
-    def tree(self, root: int, leaves: tuple[int, ...], towards: bool) -> list[tuple[int, int, int]]:
+    def tree(self, root: int, leaves: tuple[int, ...], towards: bool, across_last: bool = False) -> list[tuple[int, int, int]]:
         """(depth, sender, receiver) of a tree of quickest routes joining root and leaves: from root
         to them (towards=False) or from them to root. Each GPU's next hop towards the root is the
         one whose quickest route there crosses the fewest hops of earlier trees (summed over its
-        links); each hop taken adds one to its link's count."""
-        d, inf = self.dist(root, towards), float("inf")
+        links); each hop taken adds one to its link's count. across_last (from root): a leaf is
+        reached by a hop between nodes where an equally quick route ends with one."""
+        inf = float("inf")
+        if (root, towards) not in self.known:  # what no tree changes: quickest times, and hops on quickest routes
+            d = self.dist(root, towards)
+            self.known[(root, towards)] = d, 1e-9 * max(1.0, max(x for x in d if x < inf)), {}
+        d, tol, on_quickest = self.known[(root, towards)]  # on_quickest: x -> its hops on quickest routes (cross)
         for leaf in leaves:
             if d[leaf] == inf:
                 a, b = (leaf, root) if towards else (root, leaf)
                 raise CompileError(f"relay: rank {b} cannot be reached from rank {a} on {self.topo.name}")
-        tol = 1e-9 * max(1.0, max(x for x in d if x < inf))
         crossed, nxt = {root: 0}, {}
 
         def cross(v: int) -> None:  # crossed[v] and nxt[v], from those of the GPUs a hop nearer the root
@@ -434,15 +471,23 @@ class Routes:
                 if x in crossed:
                     stack.pop()
                     continue
-                near = self.topo.neighbours(x) if towards else self.into.get(x, ())
-                edges = [((x, u) if towards else (u, x), u) for u in near if u == root or 0 < d[u] < inf]
-                edges = [(e, u) for e, u in edges if abs(d[u] + self.hop[e] - d[x]) <= tol]
+                edges = on_quickest.get(x)
+                if edges is None:
+                    near = self.out.get(x, ()) if towards else self.into.get(x, ())
+                    edges = [((x, u) if towards else (u, x), u) for u in near if u == root or 0 < d[u] < inf]
+                    edges = on_quickest[x] = [(e, u) for e, u in edges if abs(d[u] + self.hop[e] - d[x]) <= tol]
                 missing = [u for _, u in edges if u not in crossed]
                 if missing:
                     stack += missing
                     continue
+                if across_last and x in ends:
+                    edges = [(e, u) for e, u in edges if not same_node(*e)] or edges
                 crossed[x], nxt[x] = min((crossed[u] + self.load.get(e, 0), u) for e, u in edges)
                 stack.pop()
+        per, ends = self.topo.gpus_per_node, set(leaves)
+
+        def same_node(a: int, b: int) -> bool:
+            return a // per == b // per
         parent: dict[int, int] = {root: -1}
         for leaf in sorted(set(leaves) - {root}, key=lambda v: (d[v], v)):
             cross(leaf)
@@ -488,7 +533,10 @@ def relay_hops(topo: Topology, demand: Demand, rails: int = 0) -> list[Hop]:
             if not leaves:
                 continue
             root = min(c.sources, key=lambda s: (sum(routes.dist(s, False)[d] for d in leaves), s))
-        down += [(k, _lane(demand, c), c.id, (c.id, a, b, False)) for k, a, b in routes.tree(root, leaves, towards=False)]
+        # one destination on rails: gather on its rail in the source's node, then cross (as PXN does), so
+        # a GPU forwards only what its own node's GPUs hand it early, never what arrives late over the network
+        down += [(k, _lane(demand, c), c.id, (c.id, a, b, False))
+                 for k, a, b in routes.tree(root, leaves, towards=False, across_last=bool(rails) and len(leaves) == 1)]
     return [h for *_, h in sorted(up)] + [h for *_, h in sorted(down)]
 
 
