@@ -136,3 +136,23 @@ def test_a_schedule_judged_again_keeps_its_faster_realisation(monkeypatch):
     times = [P._judge(schedule, None, P.CompileOptions(), judged, 0.0) for _ in range(3)]
     assert times == [2.0, 2.0, 1.0]
     assert judged[id(schedule.transfers)][1].timing.finish_time_s == 1.0
+
+
+def test_auto_judges_whole_chunks_planned_at_the_bound_first_and_plans_no_hopeless_ring(topo):
+    """MI250 x 4 alltoall 1 MB: relay plans whole chunks at the floor, so its program is judged
+    before any finer chunking is planned, and where it reaches --good-enough the search ends there
+    (at 64 GPUs the finer plans took the time that program's search needed); ring, whose busiest
+    link alone needs several times relay's plan, is not planned at all."""
+    from compiler.planners.baselines import ring_links_s
+    t = topo("mi250", 4)
+    d = make_demand("alltoall", t.ngpus, 2**20)
+    result = compile(t, d, CompileOptions(PlanOptions(method="auto", time_limit=20)))
+    assert result.schedule.planner == "relay" and result.verdict.ok
+    timing = time_program(read_xml(to_xml(result.program)), t, d.size_bytes)  # the program timer judges the file
+    assert timing.finish_time_s <= result.summary()["lower_bound_s"] / 0.98  # the floor under the runtime cost model
+    notes = " ".join(result.schedule.notes)
+    assert "finer chunks and the optimisers (the program of relay at 1x already reaches" in notes
+    assert "ring at 1x (its busiest link alone needs" in notes
+    from compiler.planners.registry import get
+    relay = simulate(t, get("relay")(t, d, PlanOptions()))
+    assert ring_links_s(t, d) >= 6 * relay.finish_time_s

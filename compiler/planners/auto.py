@@ -13,7 +13,7 @@ from compiler.specs.errors import CompileError
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.background import Background, picklable, workers
-from compiler.planners.baselines import direct_hops
+from compiler.planners.baselines import direct_hops, ring_links_s
 from compiler.planners.hierarchical import spreads
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
@@ -175,6 +175,10 @@ BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a
 # but see Search.reach)
 SAME_ROUTES = ("direct", "ring", "hier")  # constructive methods whose finer chunkings route each piece as the whole
 WRITTEN = " cannot be written: "  # joins a candidate and why its program cannot be written (failed)
+RING_BEHIND = 6.0  # ring is not planned where its links alone (baselines.ring_links_s) take this many times the best
+# plan so far: its program is no faster than that, and programs have lost up to about 4x to lowering (MI250 x 16
+# alltoall 1 MB relay; 7x before relay crossed last on rails); at 64 GPUs an alltoall's ring took 8 of 20 s to plan
+# at 8-18x relay's plan
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
 CHEAPER_FIRST = 0.95  # a candidate whose probe (or plan) is within this share of the next one's is judged before
@@ -387,6 +391,17 @@ class Search:
             self.skipped.append(f"{method} at {parts}x (a candidate already reaches {self.best_ratio():.3f} "
                                 "of the bound)")
             return
+        if method == "ring" and self.results:
+            best = min(c.finish_time_s for c in self.results)
+            try:
+                ring_s = ring_links_s(self.topo, d)
+            except CompileError:  # no ring at all: planning it says why
+                ring_s = 0.0
+            if ring_s >= RING_BEHIND * best:
+                self.planned.add((parts, method))
+                self.skipped.append(f"ring at {parts}x (its busiest link alone needs {ring_s * 1e3:.3g} ms, "
+                                    f"{ring_s / best:.0f}x the best plan)")
+                return
         left = self.deadline - time.perf_counter()
         if left <= 1.0 and self.results:
             self.skipped.append(f"{method} at {parts}x (time limit reached)")
@@ -431,6 +446,8 @@ class Search:
         for n in range(len(self.refinements)):
             if not self.chunking(demand, n, only=CONSTRUCTIVE):
                 break
+            if n == 0 and self.whole_first():
+                return
         now = time.perf_counter()
         optimisers = self.optimisers(demand)
         alone = optimisers and not beside  # the optimisers plan here, after the judging
@@ -446,6 +463,24 @@ class Search:
         if best is not None and best.program_ratio >= ratio:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
                            f"{best.program_ratio:.3f} of the bound; --good-enough {ratio:g})")
+
+    def whole_first(self) -> bool:
+        """Where a constructive plan of whole chunks reaches GOOD_ENOUGH of the bound, judge it before
+        any finer chunking is planned: no plan can be faster, only a program, and at tens of GPUs
+        the finer plans took the time its program search needed (MI250 x 8 alltoall 1 GB: relay/1ch
+        planned at the floor, its program judged in the 3 s they left at 0.593 of it). Whether its
+        program reaches good_enough (the search then ends)."""
+        plans = [c for c in self.results if c.program_s is None]
+        best = max(plans, key=lambda c: (c.bound_ratio, -c.parts), default=None)
+        if best is None or best.bound_ratio < GOOD_ENOUGH:
+            return False
+        judge(self, self.options.judge, self.deadline, self.options.good_enough, (best.method,))
+        top = self.results[0] if self.results else None
+        if top is None or top.program_s is None or top.program_ratio < self.options.good_enough:
+            return False
+        self.enough = (f"finer chunks and the optimisers (the program of {top.method} at {top.parts}x already "
+                       f"reaches {top.program_ratio:.3f} of the bound; --good-enough {self.options.good_enough:g})")
+        return True
 
     def one_iteration(self, demand: Demand) -> Candidate | None:
         """direct with its chunks cut to fit one kernel iteration each (iteration_parts), planned
