@@ -46,21 +46,23 @@ def at_scale(topo: Topology, demand: Demand) -> list[str] | None:
             "through one NIC per ring: slower than hier at this scale, and as costly to lower)"]
 
 
-def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True, per_source: bool = True) -> int:
-    """Rough count of flow variables at the lower-bound horizon (before pruning), after the
-    symmetry reduction the planners would apply. per_source: the LP's commodities (one per source
-    for demands without copies); otherwise the MILP's (one per chunk)."""
+def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True) -> tuple[int, int]:
+    """Rough counts of flow variables at the lower-bound horizon (before pruning), after the
+    symmetry reduction the planners would apply: (the LP's, with one commodity per source for
+    demands without copies; the MILP's, with one per chunk). One pass: at 128 GPUs the bound and
+    the orbits take seconds."""
     from compiler.analysis.bounds import bound_for
     from compiler.model.timing import epochs_for, expand
     te = expand(topo, demand)
     k = max(1, epochs_for(bound_for(topo, demand).bandwidth_s, te.tau))
-    commodities = len(demand.chunks)
-    if per_source and not any(len(c.dests) > 1 for c in demand.chunks):
-        commodities = len({c.sources for c in demand.chunks})
+    per_chunk = len(demand.chunks)
+    per_source = per_chunk
+    if not any(len(c.dests) > 1 for c in demand.chunks):
+        per_source = len({c.sources for c in demand.chunks})
     reduced = orbits(topo, demand) if symmetry else None
-    if reduced is not None:
-        commodities = max(1, commodities // reduced.sym.size)
-    return commodities * len(topo.links) * k
+    sym = reduced.sym.size if reduced is not None else 1
+    return tuple(max(1, n // sym) * len(topo.links) * k if reduced is not None else n * len(topo.links) * k
+                 for n in (per_source, per_chunk))
 
 
 def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
@@ -70,7 +72,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
     if left_out is not None:
         return ["hier"], left_out
     copies = any(len(c.dests) > 1 for c in plan_demand.chunks)
-    size = estimated_flows(topo, plan_demand, options.symmetry)
+    size, exact = estimated_flows(topo, plan_demand, options.symmetry)
     tried, skipped = ["direct", "ring"], []
     apart = out_of_one_hop(topo, plan_demand)
     if apart is not None:
@@ -101,7 +103,6 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
             tried.append("lp")
         else:
             skipped.append(f"lp (about {size} flow variables; above {LP_MAX_FLOWS})")
-        exact = estimated_flows(topo, plan_demand, options.symmetry, per_source=False)
         if exact <= MILP_MAX_FLOWS // 4:
             tried.append("milp")
         else:
@@ -277,6 +278,7 @@ class Search:
     probe_rate: float = 0.0  # the most seconds per transfer a probe took (one lowering and timing, the least a
     # judging takes)
     refinings: dict = field(default_factory=dict)  # parts -> what refined() found for them
+    found: dict = field(default_factory=dict)  # id(demand) -> (demand, its candidates()): Search.candidates
     fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, HIER_PARTS)
 
     def judging_s(self, c: Candidate) -> float:
@@ -374,7 +376,7 @@ class Search:
             refine = Refine(parts)
             (fine,), inverse = refine.apply(Problem(self.topo, demand, self.options))
             d = fine.demand
-            found = candidates(self.topo, d, self.options) if d.chunk_bytes % self.options.element_bytes == 0 else ([], [])
+            found = self.candidates(d) if d.chunk_bytes % self.options.element_bytes == 0 else ([], [])
             self.refinings[parts] = (refine, d, inverse, found)
         return self.refinings[parts]
 
@@ -451,7 +453,7 @@ class Search:
         now = time.perf_counter()
         optimisers = self.optimisers(demand)
         alone = optimisers and not beside  # the optimisers plan here, after the judging
-        until = now + (self.deadline - now) / 3 if alone else self.deadline
+        until = min(now + (self.deadline - now) / 3 if alone else self.deadline, self.judge_until)
         order = self.probed(until) if self.options.probe is not None else None
         # where optimisers' candidates are still to be judged, a constructive one's programs are searched only
         # until then (DGX-1 alltoall 32 MB at 10 s: ring/8ch's search took the whole limit, 0.51 of the floor,
@@ -464,6 +466,11 @@ class Search:
             self.enough = (f"the optimisers (the program of {best.method} at {best.parts}x already reaches "
                            f"{best.program_ratio:.3f} of the bound; --good-enough {ratio:g})")
 
+    @property
+    def judge_until(self) -> float:
+        """options.judge_until: after it, no judging starts (infinity where not given)."""
+        return self.options.judge_until if self.options.judge_until is not None else float("inf")
+
     def whole_first(self) -> bool:
         """Where a constructive plan of whole chunks reaches GOOD_ENOUGH of the bound, judge it before
         any finer chunking is planned: no plan can be faster, only a program, and at tens of GPUs
@@ -474,7 +481,7 @@ class Search:
         best = max(plans, key=lambda c: (c.bound_ratio, -c.parts), default=None)
         if best is None or best.bound_ratio < GOOD_ENOUGH:
             return False
-        judge(self, self.options.judge, self.deadline, self.options.good_enough, (best.method,))
+        judge(self, self.options.judge, min(self.deadline, self.judge_until), self.options.good_enough, (best.method,))
         top = self.results[0] if self.results else None
         if top is None or top.program_s is None or top.program_ratio < self.options.good_enough:
             return False
@@ -530,7 +537,16 @@ class Search:
 
     def optimisers(self, demand: Demand) -> bool:
         """Whether an optimiser (milp, lp, rounds) is a candidate for `demand` (none at scale)."""
-        return any(m in OPTIMISERS for m in candidates(self.topo, demand, self.options)[0])
+        return any(m in OPTIMISERS for m in self.candidates(demand)[0])
+
+    def candidates(self, demand: Demand) -> tuple[list[str], list[str]]:
+        """candidates() of `demand`, once per search (its flow estimates take seconds at 128 GPUs, and the
+        second process, the optimisers' turn and the chunkings each ask)."""
+        key = id(demand)
+        if key not in self.found:
+            self.found[key] = (demand, candidates(self.topo, demand, self.options))  # the demand keeps its id taken
+        methods, left_out = self.found[key][1]
+        return list(methods), list(left_out)
 
     def beside(self, demand: Demand) -> Background | None:
         """The optimisers planned in a second process (background.Background, _optimise) while this
