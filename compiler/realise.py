@@ -46,8 +46,8 @@ only, in that order, after the search, and at one instance its whole chunks over
 groups (`_grouped`, with the run ahead of whichever LEAD window paid: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
 counts after the first are lowered for the first's fastest protocol only (at the first, from
-AS_FIRST_PROGRAM transfers, another protocol only where its ideal program, slowed by the share the
-first's program lost to lowering, would be faster), and its search runs to the deadline, not
+AS_FIRST_PROGRAM transfers, another protocol only where its ideal program, plus what the first's
+program lost to lowering scaled by their step latencies, would be faster), and its search runs to the deadline, not
 SEARCH_SECONDS (one lowering and timing of 512 GPUs takes about 15 s). A limit that stops the
 search is noted, never an error unless no program at all fits. One lowering serves every protocol
 with the same connection slots (LL and LL128); the chosen program is verified by the caller.
@@ -92,9 +92,10 @@ OTHER_WINDOW = {AHEAD_IN_ONE_ITERATION: 2, 1: AHEAD_IN_ONE_ITERATION}  # the win
 SPARE_CORE_PROGRAM = 40_000  # transfers from which LEAD's other window is lowered and timed in a second process
 # beside LEAD's own, where realise may use two (below, auto's own second process may be planning beside it)
 SPARE_PATIENCE = 1.5  # past the deadline, the spare is waited for until this many times LEAD's first lowering
-AS_FIRST_PROGRAM = 40_000  # transfers from which a second protocol is lowered only where its ideal program, slowed
-# by the share the first's program lost to lowering, would be faster (one lowering takes tens of seconds; below, a
-# first protocol far from its ideal, such as a ring alltoall in LL, is no guide to the others)
+AS_FIRST_PROGRAM = 40_000  # transfers from which a second protocol is lowered only where its ideal program, plus
+# what the first's program lost to lowering scaled by their step latencies, would be faster (_time_all; one lowering
+# takes tens of seconds; below, a first protocol far from its ideal, such as a ring alltoall in LL, is no guide to
+# the others)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -113,6 +114,7 @@ class Realisation:
     # program timed already
     uneven: tuple[int, ...] = ()  # instance counts left out: the size does not split into their chunks
     element_bytes: int = 4
+    estimated: bool = False  # a protocol whose ideal is faster may have been passed over by what the first lost
 
     def notes(self) -> tuple[str, ...]:
         """The choice and the runner-up, as the summary prints them."""
@@ -127,7 +129,9 @@ class Realisation:
             line += f"; runner-up {runner[0]} with {runner[1]} ({runner[2] * 1e6:.1f} us, {runner[2] / best:.2f}x)"
         elif self.passed:
             q, x, simulated = min(self.passed, key=lambda px: px[1])
-            why = "is no faster" if x >= best else f"is faster by a smaller share than {p}'s program lost to lowering"
+            why = "is no faster" if x >= best else "is faster, but a program had reached the target" if self.enough \
+                else (f"is faster, but not with what {p}'s program lost to lowering, scaled by their step latencies; "
+                      "or the time limit came first" if self.estimated else "is faster, but the time limit came first")
             line += f"; runner-up {q}, not lowered (its ideal program, {x * 1e6:.1f} us, {why})" if simulated else \
                 f"; runner-up {q}, not lowered (its ideal program is at least its floor, {x * 1e6:.1f} us)"
         uneven = () if not self.uneven else (
@@ -379,7 +383,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, ideal.at_least(q), q in ideal.known) for q in ideal.protos if q not in lowered)
-                       if ideal else (), tuple(uneven), element_bytes)
+                       if ideal else (), tuple(uneven), element_bytes, as_first)
 
 
 def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topology: Topology, base: LowerOptions,
@@ -792,6 +796,13 @@ MEMO_STEPS = 1_000_000  # program steps LOWERED keeps (a few hundred MB at most)
 LOWERED = _Lowered()
 
 
+def _step_scaled(topology: Topology, first: str, seconds: float) -> Callable[[str], float]:
+    """protocol -> `seconds` (what the first protocol's program lost to lowering) times the ratio of
+    its longest step latency to the first's."""
+    step = lambda q: max(v for _, v in Costing.of(topology, q).cost.step)  # noqa: E731
+    return lambda q: seconds * step(q) / step(first)
+
+
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
               stop_at: float, ideal: Ideals | None = None,
               enough_s: float | None = None, first: list[float] | None = None,
@@ -800,18 +811,22 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
     is passed over (no program is faster than its ideal); with as_first (AS_FIRST_PROGRAM transfers
-    or more, whose lowerings take tens of seconds), also one whose ideal program, slowed by the
-    share the first protocol's program lost to lowering, is no faster (DGX H100 x 64
-    reduce-scatter: Simple's and LL128's programs were 1.067 and 1.065 x their ideals, and LL128's
-    ideal, 2.881 ms, was just under Simple's program, 2.886: its 24 s of lowering and timing kept
-    the second process's faster program from arriving by the limit). first: if given, gets the
-    seconds the first protocol took (its lowering and timing: the least another count costs)."""
+    or more, whose lowerings take tens of seconds), also one whose ideal program, plus the seconds
+    the first protocol's program lost to lowering scaled by the two protocols' step latencies, is
+    no faster: a program loses its time waiting on steps that its thread blocks serialise, so a
+    protocol of shorter steps loses less (DGX H100 x 64 reduce-scatter: Simple's and LL128's
+    programs were 1.067 and 1.065 x their ideals, and LL128's ideal, 2.881 ms, was just under
+    Simple's program, 2.886: its 24 s of lowering and timing kept the second process's faster
+    program from arriving by the limit; MI250 x 16 alltoall 1 MB: Simple's program lost 329 us to
+    its ideal, 110 us, and LL, whose ideal is 175 us, was not lowered by the share Simple lost,
+    where its program takes 294 us against Simple's 439). first: if given, gets the seconds the
+    first protocol took (its lowering and timing: the least another count costs)."""
     lowered: dict[int, Program] = {}
     out = {}
     t0 = time.perf_counter()
-    lost = 1.0  # the first protocol's program over its ideal
+    lost = lambda q: 0.0  # noqa: E731  # what protocol q's program may lose to lowering, from the first's loss
     for p in protos:
-        if ideal and out and (ideal.at_least(p) * lost >= _fastest_s(out) or ideal[p] * lost >= _fastest_s(out)):
+        if ideal and out and (ideal.at_least(p) + lost(p) >= _fastest_s(out) or ideal[p] + lost(p) >= _fastest_s(out)):
             continue
         at = replace(options, proto=p)
         known = LOWERED.get(schedule, topology, at)
@@ -832,7 +847,7 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
         if first is not None and not first:
             first.append(time.perf_counter() - t0)
         if as_first and ideal and len(out) == 1:
-            lost = max(1.0, out[p][1].finish_time_s / ideal[p])
+            lost = _step_scaled(topology, p, max(0.0, out[p][1].finish_time_s - ideal[p]))
         if enough_s is not None and out[p][1].finish_time_s <= enough_s:
             break
     return out
