@@ -178,7 +178,7 @@ SAME_ROUTES = ("direct", "ring", "hier")  # constructive methods whose finer chu
 WRITTEN = " cannot be written: "  # joins a candidate and why its program cannot be written (failed)
 RING_BEHIND = 6.0  # ring is not planned where its links alone (baselines.ring_links_s) take this many times the best
 # plan so far: its program is no faster than that, and programs have lost up to about 4x to lowering (MI250 x 16
-# alltoall 1 MB relay; 7x before relay crossed last on rails); at 64 GPUs an alltoall's ring took 8 of 20 s to plan
+# alltoall 1 MB relay; 5.6x before relay crossed last on rails); at 64 GPUs an alltoall's ring took 8 of 20 s to plan
 # at 8-18x relay's plan
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
