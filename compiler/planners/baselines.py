@@ -495,13 +495,10 @@ class Routes:
                     stack += missing
                     continue
                 if across_last and x in ends:
-                    edges = [(e, u) for e, u in edges if not same_node(*e)] or edges
+                    edges = [(e, u) for e, u in edges if node_of(e[0]) != node_of(e[1])] or edges
                 crossed[x], nxt[x] = min((crossed[u] + self.load.get(e, 0), u) for e, u in edges)
                 stack.pop()
-        per, ends = self.topo.gpus_per_node, set(leaves)
-
-        def same_node(a: int, b: int) -> bool:
-            return a // per == b // per
+        node_of, ends = self.topo.node_of, set(leaves)
         parent: dict[int, int] = {root: -1}
         for leaf in sorted(set(leaves) - {root}, key=lambda v: (d[v], v)):
             cross(leaf)
