@@ -31,6 +31,7 @@ pays at small sizes (DGX A100 allreduce 1 KB). An allreduce is planned on the bu
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -202,24 +203,18 @@ def _find_cycle(n: int, residual: dict[tuple[int, int], int], rng: random.Random
     return None
 
 
-_CYCLES: dict = {}  # (n, counts, tries, budget) -> hamiltonian_cycles' answer: a 32-GPU mesh takes about a second,
-# and auto asks for the rings of one topology several times (whether there is one, their load, the plan)
-
-
 def hamiltonian_cycles(n: int, counts: dict[tuple[int, int], int], tries: int = 12,
                        budget: int = 50_000) -> list[tuple[int, ...]]:
     """As many edge-disjoint directed Hamiltonian cycles as a few greedy passes find (parallel
-    links may carry one cycle each); the passes are seeded, so the answer is remembered."""
-    key = (n, tuple(sorted(counts.items())), tries, budget)
-    if key not in _CYCLES:
-        if len(_CYCLES) >= 16:
-            del _CYCLES[next(iter(_CYCLES))]
-        _CYCLES[key] = tuple(_hamiltonian_cycles(n, counts, tries, budget))
-    return list(_CYCLES[key])
+    links may carry one cycle each); the passes are seeded, so the answer is remembered (a 32-GPU
+    mesh takes about a second, and auto asks for one topology's rings several times: whether there
+    is one, their load, the plan)."""
+    return list(_hamiltonian_cycles(n, tuple(sorted(counts.items())), tries, budget))
 
 
-def _hamiltonian_cycles(n: int, counts: dict[tuple[int, int], int], tries: int,
-                        budget: int) -> list[tuple[int, ...]]:
+@functools.lru_cache(maxsize=16)
+def _hamiltonian_cycles(n: int, count_items: tuple, tries: int, budget: int) -> tuple[tuple[int, ...], ...]:
+    counts = dict(count_items)
     most = min(sum(c for (a, _), c in counts.items() if a == v) for v in range(n))
     best: list[tuple[int, ...]] = []
     for attempt in range(tries):
@@ -237,7 +232,7 @@ def _hamiltonian_cycles(n: int, counts: dict[tuple[int, int], int], tries: int,
             best = found
         if len(best) == most:
             break
-    return best
+    return tuple(best)
 
 
 def is_mesh(topo: Topology) -> bool:
