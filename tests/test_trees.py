@@ -110,7 +110,8 @@ def torus(rows: int, cols: int):
 
 def test_the_multicast_flow_lp_keeps_its_time_limit():
     t = torus(4, 8)  # 992 source-destination flows over 128 links: HiGHS took 108 s without a limit
-    with pytest.raises(CompileError, match=r"^trees: the multicast flow LP .* did not finish within its 0.2 s"):
+    # the LP gets what is left of the limit when it starts (0.2 s or a little less)
+    with pytest.raises(CompileError, match=r"^trees: the multicast flow LP .* did not finish within its 0\.(1\d*|2) s"):
         plan(t, make_demand("allgather", 32, 32 * 4000), PlanOptions(method="trees", time_limit=0.2))
 
 
