@@ -245,6 +245,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     stopped = enough = None
     misses = 0
     took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
+    led_at: set[int] = set()  # the counts LEAD lowered at (elsewhere its blocks did not fit: the plain placement)
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
@@ -262,6 +263,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                     try:
                         timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, as_first)
                         at_k = led
+                        led_at.add(k)
                     except CompileError:
                         first.clear()
                 if timed is None:
@@ -347,12 +349,22 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     # instance on its own channel; then those that paid alone, together (DGX H100 x 2 allgather 256 MB at 4
     # instances, before LEAD's NIC choices: 786 us, one more run 731, own channels 718, both 672: a chunk piece
     # that fills a kernel iteration gains nothing from a merged step, only blocks)
+    # Where LEAD's blocks did not fit at that count, its NIC choices and window are not tried either (they need its
+    # blocks). Then its sends unpaced, as a small program's search does (first where its chunks are latency-bound),
+    # with every protocol whose known ideal program beats the leader's program, best ideal first: MI250 x 16
+    # alltoall 1 MB relay, where LEAD needs 174 blocks: LL 294 us paced, 249 unpaced; Simple 439 paced, 208 unpaced
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
+    if k not in led_at:
+        lead = {}
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
     window = [_other_window(lead)] if "pace_ahead" in lead else []
-    placements = (window + ([{"pace_ahead": 1}] if k > 1 and options.pace else []) + [{"pair_peers": False}]
-                  + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])) if large else []
+    unpaced_variant = {"pace": False}
+    unpaced = [unpaced_variant] if options.pace else []
+    early = _latency_bound(timing, topology)
+    placements = ((unpaced if early else []) + window + ([{"pace_ahead": 1}] if k > 1 and options.pace else [])
+                  + [{"pair_peers": False}] + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])
+                  + ([] if early else unpaced)) if large else []
     for variant in placements + [None]:
         if variant is None:  # then those together
             if len(paid) < 2:
@@ -367,7 +379,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             break
         else:
             placed = replace(base, instances=k, **{**pacing, **variant})
-            mine = _keep_faster(own, schedule, topology, placed, stop_at).get(p)
+            only = _unpaced_contenders(p, timing, ideal) if variant is unpaced_variant else (p,)
+            own.update({q: (program, timing) for q in only})  # each replaced only by a faster program
+            mine = min(_keep_faster(own, schedule, topology, placed, stop_at, only).values(), default=None)
         if own[_leader(own)][1] is not timing:
             p = _leader(own)
             program, timing = own[p]
@@ -594,6 +608,16 @@ def _kept(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Low
     got = _keep_faster(timed, schedule, topology, options, stop_at, only)
     placed.update({p: options for p in got if timed[p][1] is not before[p]})
     return got
+
+
+def _unpaced_contenders(leader: str, timing: ProgramTiming, ideal: Ideals | None) -> tuple[str, ...]:
+    """The protocols a large program's unpaced placement is lowered with: the leader and those whose
+    ideal program, where known, beats the leader's program, best ideal first (one lowering each, as
+    time allows: the best bet first)."""
+    if ideal is None:
+        return (leader,)
+    others = [q for q in ideal.known if q != leader and ideal.known[q] < timing.finish_time_s]
+    return tuple(sorted(others + [leader], key=lambda q: (ideal.known.get(q, float("inf")), q)))
 
 
 def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:

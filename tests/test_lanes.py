@@ -542,6 +542,31 @@ def test_a_large_program_whose_lead_placement_cannot_be_lowered_falls_back_to_th
     assert r.timing.finish_time_s <= plain * 1.0001 and verify(r.program, "all", s.demand, t.sms).ok
 
 
+def test_a_large_program_tries_its_sends_unpaced_with_each_protocol_whose_ideal_beats_its_program(topo, monkeypatch):
+    """DGX-2 x 2 direct alltoall 256 KiB at one instance, as a large program whose LEAD placement
+    cannot be lowered (an impossible placement stands in for LEAD's blocks not fitting, as on MI250
+    x 16 alltoall 1 MB, where they are 174 of RCCL's 63). Paced, LL's program leads (74.7 us); no
+    protocol's comes near the best unpaced one (LL128, 43.0; Simple 46.0 where paced it is 246.1).
+    realise tries the unpaced placement with the leader and every protocol whose ideal program
+    beats the leader's program, and keeps the fastest, which verifies (before, a large program
+    never tried its sends unpaced: LL paced)."""
+    import compiler.realise as R
+    t = topo("dgx2", 2)
+    size = 262144
+    s = get("direct")(t, make_demand("alltoall", t.ngpus, size), PlanOptions())
+
+    def timed(proto, **kw):
+        return time_program(lower(s, t, LowerOptions(proto=proto, **kw)), t, size).finish_time_s
+    protos = ("Simple", "LL", "LL128")
+    unpaced = min(timed(p, pace=False) for p in protos)
+    assert unpaced < 0.8 * min(timed(p) for p in protos)
+    monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
+    monkeypatch.setattr(R, "LEAD", {"pair_peers": False, "groups": 0})  # lower() rejects groups=0
+    r = R.realise(s, t, LowerOptions(proto="auto", instances=1), "all")
+    assert r.timing.finish_time_s <= unpaced * 1.0001
+    assert verify(r.program, "all", s.demand, t.sms).ok
+
+
 @pytest.mark.parametrize("size, paced_best, unpaced_best", [(262144, "LL", "LL128"), (4 * 10**6, "LL128", "Simple")])
 def test_a_placement_is_tried_with_the_protocols_that_might_beat_the_leader(topo, size, paced_best, unpaced_best):
     """DGX-2 x 2 direct alltoall. 256 KiB: paced, LL's program beats LL128's; unpaced, LL128's beats
