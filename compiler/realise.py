@@ -41,7 +41,9 @@ paced, and a NIC's connections on two channel groups in turn (where its blocks f
 128 to 1,024 GPUs, where a single lowering can take the whole limit); it tries LEAD with the
 other window (2 after 3, 3 after 1; from SPARE_CORE_PROGRAM transfers, where realise may use two
 processes, lowered in a second one beside LEAD's first lowering, `_spare`), then pace_ahead
-(k > 1), pair_peers and fit_lanes (k > 1), each keeping LEAD's NIC choices, at its best count
+(k > 1), pair_peers and fit_lanes (k > 1), each keeping LEAD's NIC choices (where LEAD's blocks
+fit at that count), then its sends unpaced (first where its chunks are latency-bound; with each
+protocol whose ideal program beats its program), at its best count
 only, in that order, after the search, and at one instance its whole chunks over more channel
 groups (`_grouped`, with the run ahead of whichever LEAD window paid: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
