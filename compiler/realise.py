@@ -42,8 +42,8 @@ paced, and a NIC's connections on two channel groups in turn (where its blocks f
 other window (2 after 3, 3 after 1; from SPARE_CORE_PROGRAM transfers, where realise may use two
 processes, lowered in a second one beside LEAD's first lowering, `_spare`), then pace_ahead
 (k > 1), pair_peers and fit_lanes (k > 1), each keeping LEAD's NIC choices (where LEAD's blocks
-fit at that count), then its sends unpaced (first where its chunks are latency-bound; with each
-protocol whose ideal program beats its program), at its best count
+fit at that count), then its sends unpaced where its chunks are latency-bound on some link kind
+(first where on every kind; with each protocol whose ideal program beats its program), at its best count
 only, in that order, after the search, and at one instance its whole chunks over more channel
 groups (`_grouped`, with the run ahead of whichever LEAD window paid: where more
 instances would split elements or not fit, a connection still gets several thread blocks); its
@@ -352,9 +352,11 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     # instances, before LEAD's NIC choices: 786 us, one more run 731, own channels 718, both 672: a chunk piece
     # that fills a kernel iteration gains nothing from a merged step, only blocks)
     # Where LEAD's blocks did not fit at that count, its NIC choices and window are not tried either (they need its
-    # blocks). Then its sends unpaced, as a small program's search does (first where its chunks are latency-bound),
-    # with every protocol whose known ideal program beats the leader's program, best ideal first: MI250 x 16
-    # alltoall 1 MB relay, where LEAD needs 174 blocks: LL 294 us paced, 249 unpaced; Simple 439 paced, 208 unpaced
+    # blocks). Then, where its chunks are latency-bound on some link kind, its sends unpaced, as a small program's
+    # search does (first where they are on every kind), with every protocol whose known ideal program beats the
+    # leader's program, best ideal first: MI250 x 16 alltoall 1 MB relay, where LEAD needs 174 blocks: LL 294 us
+    # paced, 249 unpaced; Simple 439 paced, 208 unpaced. (At 1 GB on 128 to 512 GPUs unpaced never paid, and its
+    # lowering added 9-16 s to the command.)
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     if k not in led_at:
@@ -362,7 +364,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
     window = [_other_window(lead)] if "pace_ahead" in lead else []
     unpaced_variant = {"pace": False}
-    unpaced = [unpaced_variant] if options.pace else []
+    unpaced = [unpaced_variant] if options.pace and _latency_bound(timing, topology, every=False) else []
     early = _latency_bound(timing, topology)
     placements = ((unpaced if early else []) + window + ([{"pace_ahead": 1}] if k > 1 and options.pace else [])
                   + [{"pair_peers": False}] + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])
@@ -695,14 +697,15 @@ def _several_iterations(timed: dict[str, tuple[Program, ProgramTiming]], topolog
     return Costing.of(topology, timing.proto).iterations(timing.chunk_bytes) > 1
 
 
-def _latency_bound(timing: ProgramTiming, topology: Topology) -> bool:
+def _latency_bound(timing: ProgramTiming, topology: Topology, every: bool = True) -> bool:
     """Whether the program's chunks take a thread block less time than one step's latency on every
-    link kind of the topology (its protocol's rates): splitting them over more instances cannot pay."""
+    link kind of the topology (its protocol's rates): splitting them over more instances cannot pay.
+    every=False: on some link kind (a large program's sends may then gain from going unpaced)."""
     costing = Costing.of(topology, timing.proto)
     if costing.cost is None:
         return False
     kinds = {l.kind or "nvlink" for l in topology.links}
-    return all(timing.chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
+    return (all if every else any)(timing.chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
 
 
 def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:
