@@ -60,9 +60,10 @@ def estimated_flows(topo: Topology, demand: Demand, symmetry: bool = True) -> tu
     if not any(len(c.dests) > 1 for c in demand.chunks):
         per_source = len({c.sources for c in demand.chunks})
     reduced = orbits(topo, demand) if symmetry else None
-    sym = reduced.sym.size if reduced is not None else 1
-    return tuple(max(1, n // sym) * len(topo.links) * k if reduced is not None else n * len(topo.links) * k
-                 for n in (per_source, per_chunk))
+
+    def after_symmetry(n: int) -> int:
+        return max(1, n // reduced.sym.size) if reduced is not None else n
+    return tuple(after_symmetry(n) * len(topo.links) * k for n in (per_source, per_chunk))
 
 
 def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[list[str], list[str]]:
