@@ -701,3 +701,21 @@ def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_n
     check_program(p, d, runtime="rccl")
     assert any("fit in" in note for note in p.notes)
     assert max(len(g.tbs) for g in p.gpus) <= 63 and max(len(tb.steps) for g in p.gpus for tb in g.tbs) <= 64
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_swap_of_partial_sums_lowers_to_a_program_that_sums_every_contribution_once(topo, instances):
+    """Rank 2 adds into rank 1, ranks 0 and 1 swap their partial sums (Transfer.swap), rank 1 copies
+    the sum to rank 2: each of the swap's ranks sends its value before it adds the other's in (one
+    level, sends first), which the verifier's symbolic execution checks, in place too."""
+    t = topo("fully-connected:3")
+    d = make_demand("allreduce", 3, 3 << 20)
+    ts = []
+    for c in range(3):
+        ts += [Transfer(c, 2, 1, (2, 1), 0, 1, True),
+               Transfer(c, 0, 1, (0, 1), 1, 2, True, swap=True), Transfer(c, 1, 0, (1, 0), 1, 2, True, swap=True),
+               Transfer(c, 1, 2, (1, 2), 2, 3)]
+    s = Schedule(d, t.name, tuple(ts), 1e-6, 3, "hand")
+    p = lower(s, t, LowerOptions(instances=instances))
+    check_program(p, d.split(instances))
+    assert p.inplace

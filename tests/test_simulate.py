@@ -217,3 +217,28 @@ def test_schedule_error_is_a_one_line_compile_error(topo):
     with pytest.raises(CompileError) as e:
         simulate(t, schedule(d, [(0, 1, 2, (1, 2))]))
     assert "\n" not in str(e.value)
+
+
+# ---- swaps ----------------------------------------------------------------------------------------
+
+
+def test_a_swap_sends_each_rank_the_others_value_before_the_swap(topo):
+    """Two ranks that swap their partial sums both end with the sum; the same two reduce transfers
+    without `swap` count the first one's contribution twice; a swap interrupted by another transfer
+    of its chunk, or a swap that is no reduce transfer, is refused."""
+    from dataclasses import replace
+    t = topo("line:3")
+    d = custom(3, [((0, 1, 2), (0, 1, 2))], MB, reduce=True)
+    up = (0, 2, 1, (2, 1), True)  # rank 2 adds its contribution into rank 1 first
+    pair = [(0, 0, 1, (0, 1), True, -1, False, True), (0, 1, 0, (1, 0), True, -1, False, True)]
+    down = (0, 1, 2, (1, 2))
+    s = schedule(d, [up] + pair + [down])
+    m = simulate(t, s)
+    assert m.finish_time_s > 0
+    with pytest.raises(ScheduleError, match="twice"):
+        simulate(t, replace(s, transfers=tuple(replace(x, swap=False) for x in s.transfers)))
+    with pytest.raises(ScheduleError, match="swap"):
+        simulate(t, schedule(d, [up, pair[0], down, pair[1]]))
+    with pytest.raises(ScheduleError, match="swap"):
+        simulate(t, schedule(d, [up, (0, 0, 1, (0, 1), False, -1, False, True), pair[1], down]))
+    assert [Transfer.from_list(x.to_list()) for x in s.transfers] == list(s.transfers)

@@ -13,7 +13,8 @@ Holding: a source holds its chunk at t = 0; another rank holds it from the deliv
 transfer into it earlier in schedule order. Reductions follow the Schedule docstring: a rank's value
 of a chunk is a set of contributions; a reduce transfer sends the sender's current value (its own
 contribution plus earlier reduce transfers into it) and the receiver adds it; a copy replaces the
-receiver's value; an `own` reduce transfer sends the sender's contribution alone, held from t = 0.
+receiver's value; an `own` reduce transfer sends the sender's contribution alone, held from t = 0;
+a `swap` one sends the value the sender had before the chunk's first swap transfer into it.
 The value is ready at the latest delivery that shaped it.
 """
 
@@ -28,7 +29,7 @@ from compiler.analysis.links import Costing, ideal_transfer, path_kind, runtime_
 from compiler.model.demand import Demand
 from compiler.specs.collectives import CUSTOM
 from compiler.specs.errors import CompileError
-from compiler.model.schedule import Schedule, Transfer
+from compiler.model.schedule import Schedule, Transfer, swap_groups
 from compiler.model.topology import Topology
 from compiler.gcpause import without_gc
 
@@ -245,11 +246,18 @@ def _simulate(topology: Topology, schedule: Schedule, proto: str | None) -> Metr
     relayed: list[set[int]] = [set() for _ in range(topo.ngpus)]
     starts, ends = [], []
     costs: dict[tuple[int, ...], tuple[float, float]] = {}  # per path: ideal_transfer's (hold, latency)
+    _, broken = swap_groups(schedule.transfers)
+    if broken is not None:
+        t = schedule.transfers[broken]
+        raise ScheduleError(f"{_where(broken, t)}: a swap transfer must be a reduce transfer of the sender's value, "
+                            "and no other transfer of its chunk may come between the chunk's swap transfers")
+    before_swap: dict[tuple[int, int], tuple[int, float] | None] = {}  # (chunk, rank) -> its value before the swap
 
     for i, t in enumerate(schedule.transfers):
         _check_transfer(i, t, demand, chunk_ids)
         ids, bw, alpha = paths.get(i, t)
-        held = (1 << t.src, 0.0) if t.own else state.get((t.chunk, t.src))
+        key = (t.chunk, t.src)
+        held = (1 << t.src, 0.0) if t.own else before_swap[key] if t.swap and key in before_swap else state.get(key)
         if held is None or held[0] == 0:
             raise ScheduleError(f"transfer {i}: chunk {t.chunk} {t.src}->{t.dst}: rank {t.src} does not hold "
                                 f"chunk {t.chunk} (no earlier transfer delivers it)")
@@ -280,6 +288,8 @@ def _simulate(topology: Topology, schedule: Schedule, proto: str | None) -> Metr
             relayed[t.dst].add(t.chunk)
         key = (t.chunk, t.dst)
         before = state.get(key)
+        if t.swap and key not in before_swap:
+            before_swap[key] = before
         if not demand.reduce:
             if before is None:
                 state[key] = (1, done)

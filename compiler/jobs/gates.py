@@ -41,9 +41,14 @@ def held_at(placement: Placement, release: float) -> list[float]:
     s = placement.schedule
     ready = {(c.id, r): release for c in s.demand.chunks for r in c.sources}
     out = []
+    before_swap: dict[tuple[int, int], float] = {}  # (chunk, rank) -> when it held its value before the swap
     for t, end in zip(s.transfers, placement.ends):
-        out.append(release if t.own else ready.get((t.chunk, t.src), release))
+        held = (t.chunk, t.src)
+        out.append(release if t.own else before_swap[held] if t.swap and held in before_swap
+                   else ready.get(held, release))
         key = (t.chunk, t.dst)
+        if t.swap and key not in before_swap:
+            before_swap[key] = ready.get(key, release)
         if not s.demand.reduce:
             ready[key] = min(ready.get(key, end), end)
         elif t.reduce:

@@ -75,8 +75,10 @@ def place(timeline: Timeline, view: JobView, schedule: Schedule, release: float,
     ready = {(c.id, s): release for c in demand.chunks for s in c.sources}
     placed: list[tuple[float, float, int, Transfer]] = []
     used: set[int] = set()
+    before_swap: dict[tuple[int, int], float] = {}  # (chunk, rank) -> when it held its value before the swap
     for i, t in enumerate(schedule.transfers):
-        at = release if t.own else ready[(t.chunk, t.src)]  # an own contribution is held from the release
+        held = (t.chunk, t.src)  # an own contribution is held from the release
+        at = release if t.own else before_swap[held] if t.swap and held in before_swap else ready[held]
         routes = local.paths(t.src, t.dst) if reroute else (t.path,)
         best = None
         for path in routes or (t.path,):
@@ -91,6 +93,8 @@ def place(timeline: Timeline, view: JobView, schedule: Schedule, release: float,
         timeline.take(links, start, hold)
         used.update(links)
         key = (t.chunk, t.dst)
+        if t.swap and key not in before_swap:
+            before_swap[key] = ready.get(key, release)
         if not demand.reduce:
             ready[key] = min(ready.get(key, end), end)
         elif t.reduce:

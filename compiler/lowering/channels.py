@@ -47,6 +47,7 @@ class Move:
     head: bool = True  # the first of its transfer's sub-chunks on its channel (pacing counts runs)
     width: int = 1  # the channels its transfer's sub-chunks spread over (runs)
     own: bool = False  # sends the source's own contribution, from its input (Transfer.own)
+    swap: bool = False  # one of its chunk's swap (Transfer.swap): sent before any receive of the swap
 
     @property
     def send_key(self) -> tuple[int, int, int, int]:
@@ -151,7 +152,7 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
             j = seen.get(key, 0)
             seen[key] = j + 1
             moves.append(Move(n * k + i, t.chunk * k + i, t.src, t.dst, t.reduce, lvl, chan, j // per_group,
-                              (first, chan), slow, t.arrive, i == 0 or chan != chan0 + (i - 1) * w // k, w, t.own))
+                              (first, chan), slow, t.arrive, i == 0 or chan != chan0 + (i - 1) * w // k, w, t.own, t.swap))
     return moves
 
 

@@ -200,6 +200,15 @@ def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Dem
         if c in dst_idx and (not demand.reduce or c not in received):
             ops.append(Op(COPY, (-1, 0, 0, c), None, c))
     ops.sort(key=lambda o: o.key)
+    if any(m.swap for m in moves_out):
+        received: set[int] = set()  # chunks of which a swap receive came already
+        for o in ops:
+            if o.kind is not COPY and o.move.swap:
+                if o.kind is RECV:
+                    received.add(o.chunk)
+                elif o.chunk in received:  # their `sub` groups differ: the send would carry what was received
+                    raise LoweringError(f"lowering: rank {rank} chunk {o.chunk}: a send of its swap would come after "
+                                        "one of its receives")
     return ops
 
 

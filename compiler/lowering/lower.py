@@ -9,6 +9,8 @@ Pipeline (one function each):
    own contribution (Transfer.own) read its input, not what it received, and their sums add up in
    any order: they all take one level, so that every rank sends its own before it adds any in
    (the send half of a key sorts first), which keeps the program usable in place.
+   A chunk's swap (Transfer.swap) takes one level too, so that each of its ranks sends its value
+   before it adds in what the others sent.
 3. `parallel_lanes`, `lane_widths`, `first_split`, `chunk_splits`, `place_moves`
    (compiler/lowering/channels.py): each transfer becomes `instances` moves, spread over as many
    channels as its first link needs lanes (the rest run on one channel), each move with a channel
@@ -56,7 +58,7 @@ from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import (ALL, CHOICES, MAX_CHANNELS, NAMES, runtime, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET,
                                     MAX_TBS_PER_CHANNEL, limits_for, narrower, target_runtimes)
 from compiler.model.program import AUTO, PROTOCOLS, SLOTS, GpuProgram, Program
-from compiler.model.schedule import Schedule, Transfer
+from compiler.model.schedule import Schedule, Transfer, swap_groups
 from compiler.model.topology import Topology
 from compiler.lowering.channels import (Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves,
                                         spread_peers)
@@ -178,6 +180,10 @@ def check_transfers(schedule: Schedule, topology: Topology) -> None:
         raise LoweringError("lowering: demand chunk ids must be 0..n-1 in order")
     holds = {(s, c.id) for c in demand.chunks for s in c.sources}
     routes: set[tuple[int, ...]] = set()  # paths found to be routes (a million transfers take a few thousand)
+    _, broken = swap_groups(schedule.transfers)
+    if broken is not None:
+        raise LoweringError(f"{_transfer(broken, schedule.transfers[broken])}: a swap transfer must be a reduce "
+                            "transfer of the sender's value, its chunk's swap not interrupted by another transfer of it")
     for k, t in enumerate(schedule.transfers):
         if not 0 <= t.chunk < len(ids):
             raise LoweringError(f"{_transfer(k, t)}: the demand has no chunk {t.chunk}")
@@ -207,11 +213,24 @@ def transfer_levels(schedule: Schedule) -> list[int]:
     read: dict[tuple[int, int], int] = {}
     levels = []
     own = max((t.start for t in schedule.transfers if t.own), default=-1)
+    swaps, _ = swap_groups(schedule.transfers)  # check_transfers refused a broken swap
+    swap_level: dict[int, int] = {}  # chunk -> the one level of its swap: every send of it before any receive
     for t in schedule.transfers:
         s, d = (t.src, t.chunk), (t.dst, t.chunk)
         if t.own:
             written[d] = max(written.get(d, -1), own)
             levels.append(own)
+            continue
+        if t.swap:
+            if t.chunk not in swap_level:
+                group = [schedule.transfers[i] for i in swaps[t.chunk]]
+                lvl = max(max(0, m.start, written.get((m.src, m.chunk), -1) + 1, written.get((m.dst, m.chunk), -1) + 1,
+                              read.get((m.dst, m.chunk), -1) + 1) for m in group)
+                for m in group:
+                    read[(m.src, m.chunk)] = max(read.get((m.src, m.chunk), -1), lvl)
+                    written[(m.dst, m.chunk)] = max(written.get((m.dst, m.chunk), -1), lvl)
+                swap_level[t.chunk] = lvl
+            levels.append(swap_level[t.chunk])
             continue
         lvl = max(0, t.start, written.get(s, -1) + 1, written.get(d, -1) + 1, read.get(d, -1) + 1)
         read[s] = max(read.get(s, -1), lvl)

@@ -10,7 +10,12 @@ its own partial. A copy (`reduce=False`) of a reduction chunk replaces the recei
 the sender's (allreduce's allgather phase). A reduce transfer with `own=True` carries the sender's
 own contribution alone, read from its input, whatever it has received (one-shot allreduce: every
 rank sends its input to every other rank, which adds them up; the schedule order cannot say that,
-since each rank would have to send before any of the others' contributions reached it).
+since each rank would have to send before any of the others' contributions reached it). A reduce
+transfer with `swap=True` is one of a chunk's swap: ranks that send one another their partial sums
+at once (a rail's two nodes in hier's allreduce), each carrying the sender's value as it stood
+before the first swap transfer of that chunk into it, so each ends with the sum of all. No other
+transfer of the chunk may come between its first and last swap transfer in the schedule order (the
+lowering gives them one level, sends before receives).
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ class Transfer:
     reduce: bool = False
     group: int = -1  # transfers with one group >= 0 share their common first links (switch multicast)
     own: bool = False  # a reduce transfer of the sender's own contribution only (module docstring)
+    swap: bool = False  # a reduce transfer of the sender's value before the chunk's swap (module docstring)
 
     def to_list(self) -> list:
         out = [self.chunk, self.src, self.dst, list(self.path), self.start, self.arrive, int(self.reduce), self.group]
-        return out + [1] if self.own else out  # schedule files without own transfers read as before
+        if self.swap:
+            return out + [int(self.own), 1]
+        return out + [1] if self.own else out  # schedule files without own or swap transfers read as before
 
     @classmethod
     def from_list(cls, x: list) -> "Transfer":
-        c, s, d, p, k, a, r, g, *own = x
+        c, s, d, p, k, a, r, g, *flags = x
         return cls(int(c), int(s), int(d), tuple(int(v) for v in p), int(k), int(a), bool(r), int(g),
-                   bool(own and own[0]))
+                   bool(flags and flags[0]), bool(len(flags) > 1 and flags[1]))
 
 
 @dataclass(frozen=True)
@@ -111,3 +119,22 @@ class Schedule:
             raise CompileError(f"{path}: no such schedule file") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise CompileError(f"{path}: not a valid schedule: {type(e).__name__}: {e}") from None
+
+
+def swap_groups(transfers: tuple[Transfer, ...]) -> tuple[dict[int, list[int]], int | None]:
+    """Each chunk's swap transfers (their indices, in schedule order), and the index of the first
+    transfer that breaks the rule of the module docstring (a swap transfer that is no reduce transfer
+    or also an `own` one, or one of a chunk whose swap another transfer of the chunk has interrupted;
+    None where none does). Empty, at the cost of one pass, where no transfer swaps."""
+    groups: dict[int, list[int]] = {}
+    if not any(t.swap for t in transfers):
+        return groups, None
+    closed: set[int] = set()
+    for i, t in enumerate(transfers):
+        if t.swap:
+            if not t.reduce or t.own or t.chunk in closed:
+                return groups, i
+            groups.setdefault(t.chunk, []).append(i)
+        elif t.chunk in groups:
+            closed.add(t.chunk)
+    return groups, None

@@ -14,7 +14,7 @@ from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.background import Background, picklable, workers
 from compiler.planners.baselines import direct_hops, ring_links_s
-from compiler.planners.hierarchical import spreads
+from compiler.planners.hierarchical import spreads, swap_applies
 from compiler.planners.options import PlanOptions
 from compiler.planners.reductions import Problem, Refine, copy_demand, orbits
 from compiler.planners.trees import applies as trees_apply
@@ -87,6 +87,12 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
             skipped.append(f"oneshot (rank {apart[0]} cannot reach rank {apart[1]} in one transfer)")
     if topo.nodes > 1 and (copies or plan_demand.root is not None):
         tried.append("hier")
+    if topo.nodes > 1 and demand.reduce and copies:
+        why = swap_applies(topo, demand) or swap_too_little(topo, demand)
+        if why is None:
+            tried.append("swap")
+        elif topo.nodes == 2:
+            skipped.append(f"swap ({why})")
     if trees_apply(topo, plan_demand):
         flows = trees_flows(topo, plan_demand)
         if flows <= TREES_MAX_FLOWS:
@@ -120,6 +126,17 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
         else:
             skipped.append("relay (ring and an optimiser are candidates)")
     return tried, skipped
+
+
+def swap_too_little(topo: Topology, demand: Demand) -> str | None:
+    """Why swap is not worth judging where what it saves, one network crossing (its alpha), is under
+    SWAP_MIN_SHARE of the lower bound (None where it is worth it)."""
+    from compiler.analysis.bounds import bound_for
+    b = bound_for(topo, demand)
+    if b.across_alpha_s >= SWAP_MIN_SHARE * b.time_s:
+        return None
+    return (f"what it saves, one network crossing of {b.across_alpha_s * 1e6:.3g} us, is "
+            f"{b.across_alpha_s / b.time_s:.1%} of the bound")
 
 
 def trees_flows(topo: Topology, demand: Demand) -> int:
@@ -159,6 +176,10 @@ def oneshot_apart(topo: Topology, demand: Demand) -> tuple[int, int] | None:
 TREES_MAX_FLOWS = 20_000  # trees is constructive, planned in about a second: its LP took 1.7 s at 26,496 flow
 # variables (a 24-GPU ring) and 108 s at 126,976 (a 4 x 8 torus; one MI250 node has 1,344)
 RELAY_BESIDE_OPTIMISERS = 16  # GPUs of one node above which relay is a candidate even beside ring and an optimiser
+SWAP_MIN_SHARE = 0.01  # of the bound: a network crossing's alpha, under which swap is not judged. Its programs were
+# the faster up to 4 MB (DGX H100 x 2 allreduce 128 KB, 0.596 -> 0.775 of the floor at 10 s; DGX-2 x 2 4 MB 0.773 ->
+# 0.847 at 60 s), as fast at 25 MB, and 1-2 % slower at 256 MB (DGX A100 x 2: swap/4ch 0.970, hier/4ch 0.982, which
+# judging swap's chunkings first left out of a 60 s limit)
 ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends GPUs - 1 times its buffer
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
@@ -175,7 +196,7 @@ BUDGET = 0.9  # of the time limit for planning: simulating and judging the candi
 BEYOND = 0.9  # a candidate whose ideal program, times this, is no faster than a judged program is not judged
 # (no program beats its schedule's ideal by much: instances cutting chunks finer gained under 2 % in our tables;
 # but see Search.reach)
-SAME_ROUTES = ("direct", "ring", "hier")  # constructive methods whose finer chunkings route each piece as the whole
+SAME_ROUTES = ("direct", "ring", "hier", "swap")  # constructive methods whose finer chunkings route each piece as the whole
 WRITTEN = " cannot be written: "  # joins a candidate and why its program cannot be written (failed)
 RING_BEHIND = 6.0  # ring is not planned where its links alone (baselines.ring_links_s) take this many times the best
 # plan so far: its program is no faster than that, and programs have lost up to about 4x to lowering (MI250 x 16
@@ -189,7 +210,7 @@ FILL_LOWERINGS = 4  # a candidate is judged in the time left after those judged 
 # lowerings and timings of it fit (Search.least_s): fewer make a program of one instance, which rarely ranks (DGX
 # H100 x 2 allgather 32 MB judged hier/4ch in the 0.07 s left before the planning deadline: 3.6 x the floor)
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
-CONSTRUCTIVE = ("direct", "relay", "oneshot", "ring", "hier", "trees")  # built, not solved: planned at every chunking before any optimiser
+CONSTRUCTIVE = ("direct", "relay", "oneshot", "ring", "hier", "swap", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
 
@@ -357,7 +378,7 @@ class Search:
             methods, left_out = [m for m in methods if m == self.fine], []
         elif parts > 1:
             methods = [m for m in methods if m not in ("direct", "oneshot")] if d.chunks_per_rank > 1 else methods
-            left_out = [x for x in left_out if not x.startswith(("direct (", "oneshot ("))]  # said once, at whole chunks
+            left_out = [x for x in left_out if not x.startswith(("direct (", "oneshot (", "swap ("))]  # said once, at whole chunks
             if not any(m in ("milp", "lp", "rounds") for m in methods):
                 methods = [m for m in methods if m in ("ring", "relay", "trees")]
         for x in left_out:

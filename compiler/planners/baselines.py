@@ -103,6 +103,23 @@ class ListScheduler:
         if (chunk, src) not in self.ready:
             raise ValueError(f"list schedule: rank {src} sends chunk {chunk} before it holds it")
         k = self._earliest(links, 0 if own else self.ready[(chunk, src)])
+        return self._place(chunk, src, dst, path, links, k, reduce, own)
+
+    def add_swap(self, chunk: int, sends: list[tuple[int, int, tuple[int, ...]]]) -> list[Transfer]:
+        """A swap of `chunk` (Transfer.swap): (src, dst, path) sends on paths that share no link, every
+        one of them at the first epoch at which each sender holds its value and every link of every
+        path has room, so that no other transfer of the chunk comes between them in schedule order."""
+        links = [self.topo.path_links(path) for _, _, path in sends]
+        k, moved = max(self.ready[(chunk, src)] for src, _, _ in sends), True
+        while moved:
+            latest = max(self._earliest(ids, k) for ids in links)
+            moved, k = latest != k, latest
+        return [self._place(chunk, src, dst, path, ids, k, True, swap=True)
+                for (src, dst, path), ids in zip(sends, links)]
+
+    def _place(self, chunk: int, src: int, dst: int, path: tuple[int, ...], links: tuple[int, ...], k: int,
+               reduce: bool, own: bool = False, swap: bool = False) -> Transfer:
+        """The transfer starting at epoch k, in flight on `links` (its path's) over their windows."""
         for l in links:
             occ, jump, end = self.inflight[l], self.jump[l], k + self.te.window[l]
             if len(occ) < end:
@@ -120,7 +137,7 @@ class ListScheduler:
             self.ready[key] = max(self.ready.get(key, 0), arrive)
         else:
             self.ready[key] = arrive
-        t = Transfer(chunk, src, dst, path, k, arrive, reduce, own=own)
+        t = Transfer(chunk, src, dst, path, k, arrive, reduce, own=own, swap=swap)
         self.transfers.append(t)
         return t
 

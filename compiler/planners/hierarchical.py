@@ -23,6 +23,10 @@ A node of few sources (a broadcast's root) deals its chunks over all its rails (
 from three nodes on, its chunks may also go round every remote node one way along the rail, its rail's
 chunks forward and backward in turn (ROUND): each byte leaves the node once, where chains each way send
 it twice, in deeper chains that realise's instances pipeline.
+
+`swap` (plan_swap) is hier's allreduce on two nodes: a chunk's contributions are summed inside each
+node on the GPU of one rail, and the two GPUs of that rail swap their sums over the network, where
+hier (reduce-scatter then allgather, the registry's composition) crosses twice.
 """
 
 from __future__ import annotations
@@ -203,6 +207,62 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
                 "their own rails and fan them out at home, each chunk sent to one of them by its source")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          f"{inside}",))
+
+
+def swap_applies(topo: Topology, demand: Demand) -> str | None:
+    """Why `swap` cannot plan `demand` on `topo` (None where it can): it plans an allreduce of every
+    rank's buffer on two nodes whose GPUs are all joined by direct links."""
+    n = topo.ngpus
+    if not demand.reduce or not all(len(c.sources) == n and len(c.dests) == n for c in demand.chunks):
+        return f"plans allreduce (every rank's buffer summed on every rank), not {demand.collective}"
+    if topo.nodes != 2:
+        return f"plans two nodes ({topo.name} has {topo.nodes})"
+    if nodes_need_trees(topo):
+        return f"needs a direct link between every two GPUs of a node ({topo.name} has none between some)"
+    return None
+
+
+@register("swap")
+@without_gc
+def plan_swap(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
+    """Allreduce on two nodes in one network crossing: chunk c belongs to rail c mod (GPUs a node);
+    every GPU adds its contribution into the GPU of the chunk's rail in its node (direct's rotating
+    rounds, a rail's chunks in turn), the two GPUs of the rail swap their nodes' partial sums
+    (Transfer.swap) and each fans the sum out inside its node. hier's reduce-scatter then allgather
+    sends as many bytes through each NIC but crosses twice, one node's partial to the owner and the
+    sum back (DGX H100 x 2 allreduce 1 MB: a crossing is about 7 us of the program's 27.5)."""
+    started = time.perf_counter()
+    why = swap_applies(topo, demand)
+    if why is not None:
+        raise CompileError(f"swap: {why}")
+    per, nodes = topo.gpus_per_node, topo.nodes
+    ls = ListScheduler(topo, demand, expand(topo, demand, tau=options.tau))
+    path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "swap"))
+    on_rail: dict[int, list[int]] = defaultdict(list)  # local rank -> the chunks its rail holds, in order
+    for c in demand.chunks:
+        on_rail[c.id % per].append(c.id)
+    depth = max(map(len, on_rail.values()))
+    holder = lambda c, node: node * per + c % per  # noqa: E731
+    for j in range(depth):  # the j-th chunk of every rail, so that the rails' swaps start one after the other
+        for r in range(1, per):
+            for g in range(nodes * per):
+                rail = on_rail[(g % per + r) % per]
+                if j < len(rail):
+                    ls.add(rail[j], g, holder(rail[j], g // per), path(g, holder(rail[j], g // per)), reduce=True)
+    for j in range(depth):
+        for rail in on_rail.values():
+            if j < len(rail):
+                a, b = holder(rail[j], 0), holder(rail[j], 1)
+                ls.add_swap(rail[j], [(a, b, path(a, b)), (b, a, path(b, a))])
+    fanout = [(c.id, holder(c.id, node), node * per + (c.id + r) % per)
+              for c in demand.chunks for node in range(nodes) for r in range(1, per)]
+    ready = ls.ready
+    fanout.sort(key=lambda f: (ready[(f[0], f[1])], (f[2] - f[1]) % per, f[0], f[1]))
+    for chunk, a, b in fanout:
+        ls.add(chunk, a, b, path(a, b))
+    return ls.schedule("swap", started, ("swap: every GPU adds each chunk into the GPU of the chunk's rail in its "
+                                         "node, the two nodes' GPUs of that rail swap their partial sums over the "
+                                         "network (one crossing), and each fans the sum out inside its node",))
 
 
 def spreads(topo: Topology, demand: Demand) -> bool:

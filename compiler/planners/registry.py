@@ -19,8 +19,8 @@ from compiler.planners.options import PlanOptions
 
 Planner = Callable[[Topology, Demand, PlanOptions], Schedule]
 PLANNERS: dict[str, Planner] = {}
-NATIVE_REDUCTIONS = {"ring", "direct", "relay", "oneshot"}  # planners that plan reduce transfers themselves
-METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "relay", "oneshot", "hier", "trees")
+NATIVE_REDUCTIONS = {"ring", "direct", "relay", "oneshot", "swap"}  # planners that plan reduce transfers themselves
+METHODS = ("auto", "milp", "lp", "rounds", "ring", "direct", "relay", "oneshot", "hier", "swap", "trees")
 
 
 def register(name: str):
@@ -32,7 +32,7 @@ def register(name: str):
 
 MODULES = {"milp": "milp", "lp": "lp", "rounds": "rounds", "ring": "baselines", "direct": "baselines", "relay": "baselines",
            "oneshot": "baselines",
-           "hier": "hierarchical", "trees": "trees"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
+           "hier": "hierarchical", "swap": "hierarchical", "trees": "trees"}  # where each planner lives: only the one asked for is imported (cvxpy is slow)
 META = {"auto": "auto"}  # planners of planners: they import this registry, never the other way round
 
 
