@@ -12,10 +12,10 @@ own contribution alone, read from its input, whatever it has received (one-shot 
 rank sends its input to every other rank, which adds them up; the schedule order cannot say that,
 since each rank would have to send before any of the others' contributions reached it). A reduce
 transfer with `swap=True` is one of a chunk's swap: ranks that send one another their partial sums
-at once (a rail's two nodes in hier's allreduce), each carrying the sender's value as it stood
-before the first swap transfer of that chunk into it, so each ends with the sum of all. No other
-transfer of the chunk may come between its first and last swap transfer in the schedule order (the
-lowering gives them one level, sends before receives).
+at once (the two GPUs of a rail in `swap`'s allreduce on two nodes), each carrying the sender's
+value as it stood before the first swap transfer of that chunk into it, so each ends with the sum
+of all. No other transfer of the chunk may come between its first and last swap transfer in the
+schedule order (the lowering gives them one level, sends before receives).
 """
 
 from __future__ import annotations

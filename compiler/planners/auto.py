@@ -177,9 +177,9 @@ TREES_MAX_FLOWS = 20_000  # trees is constructive, planned in about a second: it
 # variables (a 24-GPU ring) and 108 s at 126,976 (a 4 x 8 torus; one MI250 node has 1,344)
 RELAY_BESIDE_OPTIMISERS = 16  # GPUs of one node above which relay is a candidate even beside ring and an optimiser
 SWAP_MIN_SHARE = 0.01  # of the bound: a network crossing's alpha, under which swap is not judged. Its programs were
-# the faster up to 4 MB (DGX H100 x 2 allreduce 128 KB, 0.596 -> 0.775 of the floor at 10 s; DGX-2 x 2 4 MB 0.773 ->
-# 0.847 at 60 s), as fast at 25 MB, and 1-2 % slower at 256 MB (DGX A100 x 2: swap/4ch 0.970, hier/4ch 0.982, which
-# judging swap's chunkings first left out of a 60 s limit)
+# the faster up to 25 MB (DGX H100 x 2 allreduce 128 KB, 0.568 -> 0.775 of the floor at 10 s; DGX-2 x 2 4 MB
+# 0.773 -> 0.847 at 60 s; DGX A100 x 2 25 MB 0.836 -> 0.868 at 10 s), and 1-2 % slower at 256 MB (DGX A100 x 2:
+# swap/4ch 0.970, hier/4ch 0.982, which judging swap's chunkings first left out of a 60 s limit)
 ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends GPUs - 1 times its buffer
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
