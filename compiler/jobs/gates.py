@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.jobs.timeline import Placement
+from compiler.jobs.timeline import Holdings, Placement
 from compiler.jobs.view import JobView
 from compiler.lowering.lower import transfer_levels
 from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
@@ -39,22 +39,11 @@ class Gate:
 def held_at(placement: Placement, release: float) -> list[float]:
     """Per transfer: when its source held the value it sends, as placed."""
     s = placement.schedule
-    ready = {(c.id, r): release for c in s.demand.chunks for r in c.sources}
+    holdings = Holdings(s.demand, release)
     out = []
-    before_swap: dict[tuple[int, int], float] = {}  # (chunk, rank) -> when it held its value before the swap
     for t, end in zip(s.transfers, placement.ends):
-        held = (t.chunk, t.src)
-        out.append(release if t.own else before_swap[held] if t.swap and held in before_swap
-                   else ready.get(held, release))
-        key = (t.chunk, t.dst)
-        if t.swap and key not in before_swap:
-            before_swap[key] = ready.get(key, release)
-        if not s.demand.reduce:
-            ready[key] = min(ready.get(key, end), end)
-        elif t.reduce:
-            ready[key] = max(ready.get(key, release), end)
-        else:
-            ready[key] = end
+        out.append(holdings.held(t))
+        holdings.delivered(t, end)
     return out
 
 

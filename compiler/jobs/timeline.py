@@ -16,6 +16,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 from compiler.jobs.view import JobView
+from compiler.model.demand import Demand
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.topology import Topology
 
@@ -69,16 +70,45 @@ class Placement:
     links: frozenset[int]  # shared-topology links the job uses
 
 
+class Holdings:
+    """When each rank holds the value a transfer of a job's schedule sends, transfer by transfer in
+    schedule order (the rules of compiler/model/schedule.py, in seconds): a source holds its chunk
+    from `release`, as it holds an own contribution; another rank from the delivery that shaped its
+    value; a swap sends the value its sender had before the chunk's swap reached it."""
+
+    def __init__(self, demand: Demand, release: float):
+        self.reduce, self.release = demand.reduce, release
+        self.ready = {(c.id, s): release for c in demand.chunks for s in c.sources}
+        self.before_swap: dict[tuple[int, int], float] = {}
+
+    def held(self, t: Transfer) -> float:
+        key = (t.chunk, t.src)
+        if t.own:
+            return self.release
+        if t.swap and key in self.before_swap:
+            return self.before_swap[key]
+        return self.ready.get(key, self.release)
+
+    def delivered(self, t: Transfer, end: float) -> None:
+        key, ready = (t.chunk, t.dst), self.ready
+        if t.swap and key not in self.before_swap:
+            self.before_swap[key] = ready.get(key, self.release)
+        if not self.reduce:
+            ready[key] = min(ready.get(key, end), end)
+        elif t.reduce:
+            ready[key] = max(ready.get(key, self.release), end)
+        else:
+            ready[key] = end
+
+
 def place(timeline: Timeline, view: JobView, schedule: Schedule, release: float, reroute: bool = True) -> Placement:
     """Place `schedule` (planned on the job's view) after the timeline's transfers, from `release`."""
     topo, local, demand = timeline.topo, view.topology, schedule.demand
-    ready = {(c.id, s): release for c in demand.chunks for s in c.sources}
+    holdings = Holdings(demand, release)
     placed: list[tuple[float, float, int, Transfer]] = []
     used: set[int] = set()
-    before_swap: dict[tuple[int, int], float] = {}  # (chunk, rank) -> when it held its value before the swap
     for i, t in enumerate(schedule.transfers):
-        held = (t.chunk, t.src)  # an own contribution is held from the release
-        at = release if t.own else before_swap[held] if t.swap and held in before_swap else ready[held]
+        at = holdings.held(t)
         routes = local.paths(t.src, t.dst) if reroute else (t.path,)
         best = None
         for path in routes or (t.path,):
@@ -92,15 +122,7 @@ def place(timeline: Timeline, view: JobView, schedule: Schedule, release: float,
         end, start, hold, links, path = best
         timeline.take(links, start, hold)
         used.update(links)
-        key = (t.chunk, t.dst)
-        if t.swap and key not in before_swap:
-            before_swap[key] = ready.get(key, release)
-        if not demand.reduce:
-            ready[key] = min(ready.get(key, end), end)
-        elif t.reduce:
-            ready[key] = max(ready.get(key, release), end)
-        else:
-            ready[key] = end
+        holdings.delivered(t, end)
         placed.append((start, end, i, replace(t, path=path)))
     if not demand.reduce:  # a reduction keeps its order: it says which partials a transfer carries
         placed.sort(key=lambda x: (x[0], x[2]))
