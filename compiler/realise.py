@@ -15,7 +15,9 @@ its link needs lanes to reach its bandwidth under the per-thread-block cap
 after it does (a step that splits chunks without filling a link can lose what the next one
 gains) and while the runtimes' limits allow it; a count whose lowering would not finish in time
 is passed over (a smaller one may still fit); it ends once a program is within `enough_s` (the
-pipeline's --good-enough share of the program floor: no other could gain more than the rest).
+pipeline's --good-enough share of the program floor: no other could gain more than the rest), and,
+given `stall` (auto's judging, where other candidates wait), once it has gone stall times as long
+past its latest gain as that gain took to find.
 Each count is lowered with lane-aware placement and, where it fits and time allows, first with
 sends not paced at all (LowerOptions.pace off: small sends are latency-bound, and a paced link
 serialises the step latencies the plan overlaps) and with one more run of sends in flight on each
@@ -82,6 +84,11 @@ PAYS = 0.98  # a doubling of instances must cut the time below this share of the
 PATIENCE = 2  # doublings in a row that do not pay before the search stops
 BEHIND = 1.5  # a protocol this many times slower than the best at some instances is not tried with more
 SEARCH_SECONDS = 30.0  # wall time after which no further doubling is tried (but for a LARGE_PROGRAM)
+STALL_MIN_S = 5.0  # a search given `stall` goes on at least this long past its latest gain (a 10 s limit's
+# searches are about that long: the stall is for the long ones)
+STALL_LOWERING_S = 0.3  # nor is a search stalled whose first lowering and timing took less: it tries more in its
+# time, and a gain late in its order is cheap to reach (DGX-2 x 2 allgather 16 MB: hier/2ch's 4 instances, 0.971 of
+# the floor, came after its stall at 5 s: 0.957)
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_TURNS = 8  # the most channel-group sets a NIC connection takes in turn in a small program's search (_placements)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
@@ -202,29 +209,42 @@ def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool])
 
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
             deadline: float | None = None, enough_s: float | None = None, element_bytes: int = 4,
-            workers: int = 1) -> Realisation:
+            workers: int = 1, stall: float | None = None) -> Realisation:
     """enough_s: a program time at which the search stops (no other can gain what is left to the bound).
     element_bytes: the data type's size; an instance count whose chunks would split elements at the
     schedule's size is not tried (divides), and one asked for is an error. workers: processes it may
     use (2: a program of SPARE_CORE_PROGRAM transfers or more has LEAD's other window lowered in a
-    second process, `_spare`)."""
+    second process, `_spare`). stall: where given, the search also ends once it has gone
+    max(STALL_MIN_S, stall x the seconds it took to find its fastest program) past that find, from
+    its second instance count on, where its first lowering and timing took STALL_LOWERING_S or more (auto, where other candidates wait to be judged: the searches of a
+    32-GPU program ran their 30 s for gains they had found in the first 3 to 5; at one instance, the
+    first count, the winner is rarely found: DGX H100 x 4 allreduce 256 MB's hier/8ch is 2 instances)."""
     spares: list[Background] = []
     try:
         return _realise(schedule, topology, options, runtime, deadline, enough_s, element_bytes,
-                        spares if workers >= 2 else None)
+                        spares if workers >= 2 else None, stall)
     finally:
         for b in spares:
             b.stop()
 
 
 def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str, deadline: float | None,
-             enough_s: float | None, element_bytes: int, spares: list[Background] | None) -> Realisation:
+             enough_s: float | None, element_bytes: int, spares: list[Background] | None,
+             stall: float | None = None) -> Realisation:
     t0 = time.perf_counter()
     large = len(schedule.transfers) >= LARGE_PROGRAM
     as_first = len(schedule.transfers) >= AS_FIRST_PROGRAM
     # SEARCH_SECONDS bounds the search where each count is quick; a large program's counts and placements run to
     # the deadline (one lowering and timing of 256 GPUs took 12 s: 30 s left the second count out)
-    stop_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
+    limit_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
+    stop_at = limit_at
+    gained = t0  # when the search last found a faster program
+
+    def stalled_at() -> float:  # when the search ends for want of gains (stall; from its second count on, where a
+        # lowering takes a while)
+        if stall is None or len(took) < 2 or took[min(took)] < STALL_LOWERING_S:
+            return limit_at
+        return min(limit_at, gained + max(STALL_MIN_S, stall * (gained - t0)))
     protos = protocols(topology, options.proto)
     ideal: Ideals | None = None
     if len(protos) > 1:  # the protocol of the best ideal program first: it is the one kept when time runs out
@@ -253,6 +273,11 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
     spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
     while counts:
+        stop_at = stalled_at()  # past the first count and the likeliest winner after it
+        if stop_at < limit_at:
+            if time.perf_counter() >= stop_at:
+                stopped = stopped or "the search ended, as long again past its latest gain without a faster program"
+                break
         k = counts.pop()
         began = time.perf_counter()
         first: list[float] = []
@@ -314,6 +339,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         misses = 0 if best is None or timing.finish_time_s < PAYS * best[0] else misses + (k > best[2])
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
+            gained = time.perf_counter()
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
@@ -331,12 +357,15 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         per = first[0] / k
         late = [c for c in counts if time.perf_counter() + per * c >= stop_at]
         if late:  # a count that would not finish in time is passed over; a smaller one may still pay
-            stopped = stopped or f"the time limit left out {', '.join(map(str, sorted(late)))}"
+            why = "the time limit" if stop_at >= limit_at else "the search's end (as long again past its latest gain)"
+            stopped = stopped or f"{why} left out {', '.join(map(str, sorted(late)))}"
             counts = [c for c in counts if c not in late]
         if not counts:
             break
+    stop_at = stalled_at()
     if deferred is not None and enough is None and (enough_s is None or best[0] > enough_s) \
-            and _fastest_s(deferred) / gain <= CONTENDS * best[0]:
+            and _fastest_s(deferred) / gain <= CONTENDS * best[0] \
+            and (stop_at >= limit_at or time.perf_counter() < stop_at):
         _placements(deferred, schedule, topology, replace(base, instances=1), large, gated, stop_at,
                     time.perf_counter() - took[1], None, enough_s, took[1], ideal, across)
         q = _leader(deferred)
@@ -344,6 +373,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         tried = [t for t in tried if t[1] != 1] + [(p, 1, t.finish_time_s) for p, (_, t) in deferred.items()]
         if timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, q, 1, prog, timing)
+            gained = time.perf_counter()
     _, p, k, program, timing = best
     # a large program tries its other placements at its best count only, with LEAD's NIC choices: LEAD with the
     # other window, one more run in flight on paced links (k > 1: a transfer's runs start and end together, so its
@@ -377,6 +407,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s):
             break
         own = {p: (program, timing)}
+        stop_at = stalled_at()
         if spare is not None and window and variant is window[0] and k == counts_first:
             mine = _take_spare(spare, took[k], own)  # lowered beside the search: waited for, not lowered again
         elif time.perf_counter() + took[k] >= stop_at:
@@ -390,6 +421,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             p = _leader(own)
             program, timing = own[p]
             tried.append((p, k, timing.finish_time_s))
+            gained = time.perf_counter()
         if window and variant is window[0] and mine is not None and mine < plain_s:
             lead = variant  # the whole chunks are spread over channel groups with the window that paid (_grouped)
         if mine is not None and mine < plain_s and variant is not paid:

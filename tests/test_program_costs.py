@@ -648,6 +648,59 @@ def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatc
     assert resumed.program == uncut.program
 
 
+def test_a_search_given_stall_ends_once_it_has_gone_as_long_again_without_a_gain(topo, monkeypatch):
+    """auto's constructive judging gives realise `stall` (the optimisers' candidates wait): its
+    search then ends once it has gone max(STALL_MIN_S, stall x the time to its latest gain) past that
+    gain, where it used to run to its 30 s for nothing (DGX H100 x 4 allreduce 25 MB: hier/8ch found
+    its program 3.3 s in and searched 20 s more, so hier/1ch, the fastest program, was never
+    judged). Here every lowering takes one second on realise's clock: with stall, the search ends
+    sooner, after its second instance count and at least STALL_MIN_S past its gain, with the fastest
+    program it timed; without, it lowers more. A search of quick lowerings is never stalled."""
+    from types import SimpleNamespace
+    import compiler.realise as R
+    from compiler.realise import STALL_LOWERING_S, STALL_MIN_S, realise
+    t = topo("dgx-h100", 2)
+    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="hier"))
+    clock = [0.0]
+    monkeypatch.setattr(R, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_lower, real_time = R.lower, R.time_program
+    log = []  # (when the lowering started, the time of its program once timed)
+    step = [1.0]  # seconds a lowering takes
+
+    def lower(*a, **k):
+        log.append([clock[0], None])
+        clock[0] += step[0]
+        return real_lower(*a, **k)
+
+    def timed(*a, **k):
+        out = real_time(*a, **k)
+        log[-1][1] = out.finish_time_s if log[-1][1] is None else min(log[-1][1], out.finish_time_s)
+        return out
+    monkeypatch.setattr(R, "lower", lower)
+    monkeypatch.setattr(R, "time_program", timed)
+
+    def run(stall, seconds=1.0):
+        step[0] = seconds
+        R.LOWERED.known.clear()
+        R.LOWERED.steps = 0
+        clock[0] = 0.0
+        log.clear()
+        r = realise(s, t, LowerOptions(proto="auto", instances=0), "all", deadline=1000.0, stall=stall)
+        return r, [tuple(x) for x in log]
+
+    stalled, seen = run(0.25)
+    whole, all_seen = run(None)
+    assert len(seen) < len(all_seen)
+    best = stalled.timing.finish_time_s
+    assert best == min(x for _, x in seen if x is not None)
+    assert len({k for _, k, _ in stalled.tried}) >= 2  # the stall counts from the second instance count on
+    found = min(start for start, x in seen if x == best) + 1.0  # the lowering that found it, done
+    assert seen[-1][0] - found >= STALL_MIN_S  # it went on at least that long past its gain
+    assert whole.timing.finish_time_s <= best
+    # a search whose lowerings are quick (under STALL_LOWERING_S) is not stalled: it reaches a late gain cheaply
+    assert run(0.25, STALL_LOWERING_S / 3)[1] == run(None, STALL_LOWERING_S / 3)[1]
+
+
 def test_the_time_judging_leaves_resumes_the_best_candidates_search(monkeypatch):
     """After the last judging, the best judged candidate is judged once more where one lowering and
     timing of it still fits before the deadline (realise then goes on where a deadline cut it); a
