@@ -239,6 +239,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     limit_at = t0 + SEARCH_SECONDS if deadline is None else (deadline if large else min(deadline, t0 + SEARCH_SECONDS))
     stop_at = limit_at
     gained = t0  # when the search last found a faster program
+    took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
 
     def stalled_at() -> float:  # when the search ends for want of gains (stall; from its second count on, where a
         # lowering takes a while)
@@ -266,7 +267,6 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = enough = None
     misses = 0
-    took: dict[int, float] = {}  # seconds the first protocol's lowering and timing took at each count
     led_at: set[int] = set()  # the counts LEAD lowered at (elsewhere its blocks did not fit: the plain placement)
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
