@@ -216,9 +216,10 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     use (2: a program of SPARE_CORE_PROGRAM transfers or more has LEAD's other window lowered in a
     second process, `_spare`). stall: where given, the search also ends once it has gone
     max(STALL_MIN_S, stall x the seconds it took to find its fastest program) past that find, from
-    its second instance count on, where its first lowering and timing took STALL_LOWERING_S or more (auto, where other candidates wait to be judged: the searches of a
-    32-GPU program ran their 30 s for gains they had found in the first 3 to 5; at one instance, the
-    first count, the winner is rarely found: DGX H100 x 4 allreduce 256 MB's hier/8ch is 2 instances)."""
+    its second instance count on, where its first lowering and timing took STALL_LOWERING_S or more
+    (auto, where other candidates wait to be judged: the searches of a 32-GPU program ran their 30 s
+    for gains they had found in the first 3 to 5; at one instance, the first count, the winner is
+    rarely found: DGX H100 x 4 allreduce 256 MB's hier/8ch is 2 instances)."""
     spares: list[Background] = []
     try:
         return _realise(schedule, topology, options, runtime, deadline, enough_s, element_bytes,
@@ -274,10 +275,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
     while counts:
         stop_at = stalled_at()  # past the first count and the likeliest winner after it
-        if stop_at < limit_at:
-            if time.perf_counter() >= stop_at:
-                stopped = stopped or "the search ended, as long again past its latest gain without a faster program"
-                break
+        if stop_at < limit_at and time.perf_counter() >= stop_at:
+            stopped = stopped or "the search ended, as long again past its latest gain without a faster program"
+            break
         k = counts.pop()
         began = time.perf_counter()
         first: list[float] = []
