@@ -62,7 +62,7 @@ from compiler.model.schedule import Schedule, Transfer, swap_groups
 from compiler.model.topology import Topology
 from compiler.lowering.channels import (Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves,
                                         spread_peers)
-from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, lower_rank, same
+from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, fewest_steps, lower_rank, same
 from compiler.lowering.merge import merge_runs
 from compiler.gcpause import without_gc
 
@@ -418,6 +418,7 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
     rank has the worst block this is the count `lower` would reach by lowering every rank at each
     count, for a GPUs-th of the work (at 512 GPUs two full passes of 30 s each found blocks too long);
     where another rank is worse, `lower` goes on from here as before."""
+    first = split
     while split < most:
         moves = place(split, rank)
         outs = [m for m in moves if m.src == rank]
@@ -428,6 +429,11 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
+        if split == first:  # no placement stores fewer nodes for this rank: fail before lowering the others
+            least = 1 + demand.ngpus + 1 + fewest_steps(rank, outs, ins, demand)
+            if least > lim.max_nodes:
+                raise LoweringError(f"lowering: rank {rank} needs at least {least} XML nodes (1 + gpus + thread "
+                                    f"blocks + steps); {_allows(lim, 'nodes')}; use fewer --chunks/--instances")
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             break
