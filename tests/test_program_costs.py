@@ -701,6 +701,48 @@ def test_a_search_given_stall_ends_once_it_has_gone_as_long_again_without_a_gain
     assert run(0.25, STALL_LOWERING_S / 3)[1] == run(None, STALL_LOWERING_S / 3)[1]
 
 
+def test_a_large_programs_stalled_counts_still_try_its_first_placement(topo, monkeypatch):
+    """A stall ends a large program's instance counts, not the placements after them: the first
+    placement at the best count is lowered whatever the stall, where it used to be left out (DGX
+    H100 x 4 allreduce 256 MB: the counts stalled at 1284 us, and LEAD's other window, never tried,
+    makes 1187). A lowering takes one second per instance on realise's clock (as real ones grow
+    with the instances); the program is made large by lowering LARGE_PROGRAM to its size."""
+    from types import SimpleNamespace
+    import compiler.realise as R
+    from compiler.realise import realise
+    t = topo("dgx-h100", 2)
+    s = plan(t, make_demand("allgather", t.ngpus, 64 * 10**6, 2), PlanOptions(method="hier"))
+    monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
+    clock = [0.0]
+    monkeypatch.setattr(R, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_lower = R.lower
+    lowered = []  # the options of every lowering, in order
+
+    def lower(schedule, topology, options, *a, **k):
+        lowered.append(options)
+        clock[0] += options.instances
+        return real_lower(schedule, topology, options, *a, **k)
+    monkeypatch.setattr(R, "lower", lower)
+
+    def run(stall):
+        R.LOWERED.known.clear()
+        R.LOWERED.steps = 0
+        clock[0] = 0.0
+        lowered.clear()
+        r = realise(s, t, LowerOptions(proto="auto", instances=0), "all", deadline=1000.0, stall=stall)
+        return r, list(lowered)
+
+    stalled, seen = run(0.25)
+    assert stalled.stopped is not None and "past its latest gain" in stalled.stopped  # the counts stalled
+    k = stalled.instances
+    first = next(i for i, o in enumerate(seen) if o.instances == k)
+    after = next(i for i, o in enumerate(seen) if i > first and o.instances != k)  # a count after the best one
+    assert any(o.instances == k for o in seen[after:]), "no placement was tried at the best count"
+    whole, all_seen = run(None)
+    assert len(seen) < len(all_seen)  # the rest of the placements still stop at the stall
+    assert whole.timing.finish_time_s <= stalled.timing.finish_time_s
+
+
 def test_the_time_judging_leaves_resumes_the_best_candidates_search(monkeypatch):
     """After the last judging, the best judged candidate is judged once more where one lowering and
     timing of it still fits before the deadline (realise then goes on where a deadline cut it); a
