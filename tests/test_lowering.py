@@ -436,25 +436,30 @@ def test_the_node_floor_checked_before_lowering_every_rank_is_below_the_rank_low
     assert not tight or floor >= 0.8 * len(steps)
 
 
-def test_a_rank_past_the_xml_node_limit_fails_before_the_others_are_lowered(topo, monkeypatch):
+@pytest.mark.parametrize("opts", [LowerOptions(instances=4),
+                                  LowerOptions(instances=16, rotate_slow=2, pace_fast=False)])
+def test_a_rank_past_the_xml_node_limit_fails_before_the_others_are_lowered(topo, monkeypatch, opts):
     """DGX H100 x 4 allreduce 256 MB at 8 instances lowered all 32 ranks for 13 s to find one with
-    7,856 XML nodes where 4,095 fit; now the busiest rank alone says so, as one line."""
+    7,856 XML nodes where 4,095 fit; now the busiest rank alone says so, as one line. Also where
+    the channels leave no room for more channel groups (16 instances, two turns: 32 channels), where
+    no rank is lowered alone to find its channel groups (at 10 instances LEAD with its peers paired
+    took 11 s to fail)."""
     import dataclasses
 
     from compiler.lowering import lower as lowering
 
     t = topo("dgx-h100", 2)
     s = plan(t, make_demand("allreduce", t.ngpus, 1 << 24, 2), PlanOptions(method="hier"))
-    most, _ = _nodes_and_nops(lower(s, t, LowerOptions(instances=4)))
+    most, _ = _nodes_and_nops(lower(s, t, opts))
     real = lowering.runtime_limits
     monkeypatch.setattr(lowering, "runtime_limits", lambda *a, **k: dataclasses.replace(real(*a, **k), max_nodes=most // 2))
     ranks = []
     real_rank = lowering.lower_rank
     monkeypatch.setattr(lowering, "lower_rank", lambda rank, *a, **k: ranks.append(rank) or real_rank(rank, *a, **k))
     with pytest.raises(LoweringError) as e:
-        lower(s, t, LowerOptions(instances=4))
+        lower(s, t, opts)
     assert re.search(rf"rank \d+ needs at least \d+ XML nodes .* allows {most // 2}\b", _one_line(e.value))
-    assert len(set(ranks)) == 1
+    assert len(set(ranks)) <= 1
 
 
 def _nops_before(p: Program, per: int) -> tuple[int, int]:

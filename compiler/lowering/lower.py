@@ -414,26 +414,30 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
                 demand: Demand, aliased: bool, open_alias: bool, pace: Callable[[int], int] | None,
                 lim: RuntimeLimits, options: LowerOptions) -> int:
     """The channel groups to lower every rank with first: from `split` up, the first count at which
-    `rank` (the busiest), lowered alone, keeps its thread blocks within the step limit. Where that
+    `rank` (the busiest), lowered alone, keeps its thread blocks within the step limit (a LoweringError
+    first where that rank alone needs more XML nodes than the limit, however it is placed). Where that
     rank has the worst block this is the count `lower` would reach by lowering every rank at each
     count, for a GPUs-th of the work (at 512 GPUs two full passes of 30 s each found blocks too long);
     where another rank is worse, `lower` goes on from here as before."""
     first = split
+    moves = place(split, rank)
+    outs = [m for m in moves if m.src == rank]
+    ins = [m for m in moves if m.dst == rank]
+    least = 1 + demand.ngpus + 1 + fewest_steps(rank, outs, ins, demand)
+    if least > lim.max_nodes:  # no placement stores fewer nodes for this rank: fail before lowering the others
+        raise LoweringError(f"lowering: rank {rank} needs at least {least} XML nodes (1 + gpus + thread blocks + "
+                            f"steps); {_allows(lim, 'nodes')}; use fewer --chunks/--instances")
     while split < most:
-        moves = place(split, rank)
-        outs = [m for m in moves if m.src == rank]
-        ins = [m for m in moves if m.dst == rank]
+        if split != first:
+            moves = place(split, rank)
+            outs = [m for m in moves if m.src == rank]
+            ins = [m for m in moves if m.dst == rank]
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
                           options.ring_ids, options.pace_fast)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
-        if split == first:  # no placement stores fewer nodes for this rank: fail before lowering the others
-            least = 1 + demand.ngpus + 1 + fewest_steps(rank, outs, ins, demand)
-            if least > lim.max_nodes:
-                raise LoweringError(f"lowering: rank {rank} needs at least {least} XML nodes (1 + gpus + thread "
-                                    f"blocks + steps); {_allows(lim, 'nodes')}; use fewer --chunks/--instances")
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             break
