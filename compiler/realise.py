@@ -268,7 +268,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = enough = None
     misses = 0
-    led_at: set[int] = set()  # the counts LEAD lowered at (elsewhere its blocks did not fit: the plain placement)
+    led_at: dict[int, dict] = {}  # count -> the LEAD it lowered with (none where no LEAD fit: the plain placement)
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
@@ -285,12 +285,17 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         try:
             try:
                 timed = None
-                if lead:  # every peer on a block of its own and one more run in flight, if the blocks fit
-                    led = replace(at_k, **lead)
+                # every peer on a block of its own and one more run in flight, if the blocks fit; else its peers
+                # paired where they must be, with its NIC choices and window (DGX H100 x 8 allreduce 256 MB, hier/4ch
+                # at 2 instances, where LEAD needs 132 blocks: 1467 us, the plain placement 2087, one instance 1546)
+                for how in ([lead] + ([{**lead, "pair_peers": True}] if lead.get("pair_peers") is False else [])
+                            if lead else []):
+                    led = replace(at_k, **how)
                     try:
                         timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, as_first)
                         at_k = led
-                        led_at.add(k)
+                        led_at[k] = how
+                        break
                     except CompileError:
                         first.clear()
                 if timed is None:
@@ -381,23 +386,23 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     # instance on its own channel; then those that paid alone, together (DGX H100 x 2 allgather 256 MB at 4
     # instances, before LEAD's NIC choices: 786 us, one more run 731, own channels 718, both 672: a chunk piece
     # that fills a kernel iteration gains nothing from a merged step, only blocks)
-    # Where LEAD's blocks did not fit at that count, its NIC choices and window are not tried either (they need its
-    # blocks). Then, where its chunks are latency-bound on some link kind, its sends unpaced, as a small program's
+    # Where no LEAD fit at that count (its peers apart, or paired), its NIC choices and window are not tried either.
+    # Then, where its chunks are latency-bound on some link kind, its sends unpaced, as a small program's
     # search does (first where they are on every kind), with every protocol whose known ideal program beats the
     # leader's program, best ideal first: MI250 x 16 alltoall 1 MB relay, where LEAD needs 174 blocks: LL 294 us
     # paced, 249 unpaced; Simple 439 paced, 208 unpaced. (At 1 GB on 128 to 512 GPUs unpaced never paid, and its
     # lowering added 9-16 s to the command.)
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
-    if k not in led_at:
-        lead = {}
+    lead = led_at.get(k, {})
     pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
     window = [_other_window(lead)] if "pace_ahead" in lead else []
     unpaced_variant = {"pace": False}
     unpaced = [unpaced_variant] if options.pace and _latency_bound(timing, topology, every=False) else []
     early = _latency_bound(timing, topology)
     placements = ((unpaced if early else []) + window + ([{"pace_ahead": 1}] if k > 1 and options.pace else [])
-                  + [{"pair_peers": False}] + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])
+                  + ([] if lead.get("pair_peers") else [{"pair_peers": False}])  # paired: apart did not fit
+                  + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])
                   + ([] if early else unpaced)) if large else []
     for variant in placements + [None]:
         if variant is None:  # then those together
@@ -432,7 +437,8 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             paid = {**paid, **variant, **({"pace_ahead": ahead} if ahead else {})}
     if large and k == 1 and enough is None:
         program, timing = _grouped(program, timing, schedule, topology, replace(base, **lead), stop_at, took[1],
-                                   enough_s, tried, apart_first=bool(lead) or paid.get("pair_peers") is False)
+                                   enough_s, tried,
+                                   apart_first=lead.get("pair_peers") is False or paid.get("pair_peers") is False)
     lowered = {q for q, _, _ in tried}
     return Realisation(program, timing, k, tuple(tried), stopped, enough,
                        tuple((q, ideal.at_least(q), q in ideal.known) for q in ideal.protos if q not in lowered)
