@@ -412,10 +412,12 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s):
             break
         own = {p: (program, timing)}
-        # a stall ends the counts, not LEAD's search at the best count: its other window (LEAD's own is a rule read
-        # off measurements; from SPARE_CORE_PROGRAM transfers it is lowered beside it) is tried whatever the stall
-        # (DGX H100 x 4 allreduce 256 MB: 1284 -> 1187 us), the other placements while they pay
-        stop_at = limit_at if window and variant is window[0] else stalled_at()
+        # a stall ends the counts, not LEAD's search at the best count: where its chunks are not latency-bound, its
+        # other window (LEAD's own is a rule read off measurements; from SPARE_CORE_PROGRAM transfers it is lowered
+        # beside it) is tried whatever the stall (DGX H100 x 4 allreduce 256 MB: 1284 -> 1187 us; at 25 MB, where
+        # the unpaced placement comes first, trying both took hier/8ch's judging 4 s longer, and hier/1ch's program,
+        # the fastest, was then judged in fewer runs), the other placements while they pay
+        stop_at = limit_at if window and variant is window[0] and not early else stalled_at()
         if spare is not None and window and variant is window[0] and k == counts_first:
             mine = _take_spare(spare, took[k], own)  # lowered beside the search: waited for, not lowered again
         elif time.perf_counter() + took[k] >= stop_at:
