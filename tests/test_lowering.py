@@ -560,17 +560,24 @@ def test_peers_on_blocks_of_their_own_that_do_not_fit_is_one_clear_line(topo):
     lower(s, t, LowerOptions(instances=2, runtime="rccl"))  # ...paired, the same program fits
 
 
+def _each_way(t, chunks: int) -> Schedule:
+    d = make_demand("allgather", 2, 1 << 20, chunks)
+    return schedule(t, d, [(s * chunks + c, s, 1 - s, c) for c in range(chunks) for s in range(2)])
+
+
 def test_step_limit_that_channels_cannot_fix(topo):
+    """1,100 chunks each way between two GPUs: 2,200 steps a rank, within the 4,095 XML nodes but
+    past 32 channels' blocks of 64 steps. 2,100 each way pass the node limit too, which the busiest
+    rank's fewest possible steps tell before any lowering (the old runtime allows more steps)."""
     t = topo("line:2")
-    d = make_demand("allgather", 2, 1 << 20, 2100)
-    hops = [(s * 2100 + c, s, 1 - s, c) for c in range(2100) for s in range(2)]
     with pytest.raises(LoweringError) as e:
-        lower(schedule(t, d, hops), t)
+        lower(_each_way(t, 1100), t)
     msg = _one_line(e.value)
     assert "steps" in msg and "64" in msg and "32 channels" in msg
-    with pytest.raises(LoweringError) as e:
-        lower(schedule(t, d, hops), t, LowerOptions(runtime="old"))
-    assert "XML nodes" in _one_line(e.value) and "4095" in str(e.value)
+    for runtime in ("all", "old"):
+        with pytest.raises(LoweringError) as e:
+            lower(_each_way(t, 2100), t, LowerOptions(runtime=runtime))
+        assert "XML nodes" in _one_line(e.value) and "4095" in str(e.value)
 
 
 @pytest.mark.parametrize("opts,match", [
