@@ -419,19 +419,18 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
     rank has the worst block this is the count `lower` would reach by lowering every rank at each
     count, for a GPUs-th of the work (at 512 GPUs two full passes of 30 s each found blocks too long);
     where another rank is worse, `lower` goes on from here as before."""
+    def own(split: int) -> tuple[list[Move], list[Move]]:  # the rank's sends and receives
+        moves = place(split, rank)
+        return [m for m in moves if m.src == rank], [m for m in moves if m.dst == rank]
     first = split
-    moves = place(split, rank)
-    outs = [m for m in moves if m.src == rank]
-    ins = [m for m in moves if m.dst == rank]
+    outs, ins = own(split)
     least = 1 + demand.ngpus + 1 + fewest_steps(rank, outs, ins, demand)
     if least > lim.max_nodes:  # no placement stores fewer nodes for this rank: fail before lowering the others
         raise LoweringError(f"lowering: rank {rank} needs at least {least} XML nodes (1 + gpus + thread blocks + "
                             f"steps); {_allows(lim, 'nodes')}; use fewer --chunks/--instances")
     while split < most:
         if split != first:
-            moves = place(split, rank)
-            outs = [m for m in moves if m.src == rank]
-            ins = [m for m in moves if m.dst == rank]
+            outs, ins = own(split)
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
                           options.ring_ids, options.pace_fast)
