@@ -288,8 +288,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 # every peer on a block of its own and one more run in flight, if the blocks fit; else its peers
                 # paired where they must be, with its NIC choices and window (DGX H100 x 8 allreduce 256 MB, hier/4ch
                 # at 2 instances, where LEAD needs 132 blocks: 1467 us, the plain placement 2087, one instance 1546)
-                for how in ([lead] + ([{**lead, "pair_peers": True}] if lead.get("pair_peers") is False else [])
-                            if lead else []):
+                for how in [lead, {**lead, "pair_peers": True}] if lead else []:  # LEAD has its peers apart
                     led = replace(at_k, **how)
                     try:
                         timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, as_first)
@@ -416,17 +415,19 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         # other window (LEAD's own is a rule read off measurements; from SPARE_CORE_PROGRAM transfers it is lowered
         # beside it) is tried whatever the stall (DGX H100 x 4 allreduce 256 MB: 1284 -> 1187 us; at 25 MB, where
         # the unpaced placement comes first, trying both took hier/8ch's judging 4 s longer, and hier/1ch's program,
-        # the fastest, was then judged in fewer runs), the other placements while they pay
-        stop_at = limit_at if window and variant is window[0] and not early else stalled_at()
+        # the fastest, was then judged in fewer runs), the other placements while they pay; `_grouped` after the
+        # loop keeps the stall's end
+        stop_at = stalled_at()
+        ends = limit_at if window and variant is window[0] and not early else stop_at
         if spare is not None and window and variant is window[0] and k == counts_first:
             mine = _take_spare(spare, took[k], own)  # lowered beside the search: waited for, not lowered again
-        elif time.perf_counter() + took[k] >= stop_at:
+        elif time.perf_counter() + took[k] >= ends:
             break
         else:
             placed = replace(base, instances=k, **{**pacing, **variant})
             only = _unpaced_contenders(p, timing, ideal) if variant is unpaced_variant else (p,)
             own.update({q: (program, timing) for q in only})  # each replaced only by a faster program
-            mine = min(_keep_faster(own, schedule, topology, placed, stop_at, only).values(), default=None)
+            mine = min(_keep_faster(own, schedule, topology, placed, ends, only).values(), default=None)
         if own[_leader(own)][1] is not timing:
             p = _leader(own)
             program, timing = own[p]
