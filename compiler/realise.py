@@ -268,6 +268,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     best: tuple[float, str, int, Program, ProgramTiming] | None = None
     stopped = enough = None
     misses = 0
+    carry: dict = {}  # the placement options of the best program so far (a small program's next count starts there)
     led_at: dict[int, dict] = {}  # count -> the LEAD it lowered with (none where no LEAD fit: the plain placement)
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
@@ -282,6 +283,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         began = time.perf_counter()
         first: list[float] = []
         at_k = replace(base, instances=k)
+        ideal_k = ideal if k == 1 or large else None
         try:
             try:
                 timed = None
@@ -291,15 +293,14 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 for how in [lead, {**lead, "pair_peers": True}] if lead else []:  # LEAD has its peers apart
                     led = replace(at_k, **how)
                     try:
-                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal, enough_s, first, as_first)
+                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal_k, enough_s, first, as_first)
                         at_k = led
                         led_at[k] = how
                         break
                     except CompileError:
                         first.clear()
                 if timed is None:
-                    timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if k == 1 or large else None,
-                                      enough_s, first, as_first)
+                    timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal_k, enough_s, first, as_first)
             except TooManySteps:
                 # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
                 # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
@@ -323,6 +324,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             counts = [c for c in counts if c < k]  # more would not fit either
             continue
         took[k] = first[0]
+        placement = None  # the options of the count's fastest program, where its placements were tried
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
         if not fixed and k == 1 and _several_iterations(timed, topology):
             # a chunk of several kernel iterations gains from more instances, which split it: its other placements
@@ -330,8 +332,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             deferred = timed
         else:
             plain_s = _fastest_s(timed)
-            reached = _placements(timed, schedule, topology, at_k, large, gated, stop_at, began,
-                                  best[0] * gain if best else None, enough_s, first[0], ideal, across) or reached
+            got, placement = _placements(timed, schedule, topology, at_k, large, gated, stop_at, began,
+                                         best[0] * gain if best else None, enough_s, first[0], ideal, across, carry)
+            reached = got or reached
             gain = max(gain, plain_s / _fastest_s(timed))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
         p = _leader(timed)
@@ -344,6 +347,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         if best is None or timing.finish_time_s < best[0]:
             best = (timing.finish_time_s, p, k, prog, timing)
             gained = time.perf_counter()
+            carry = _carried(placement, base) if placement is not None and not large else {}
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)
@@ -483,7 +487,8 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                 options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
                 behind_s: float | None, enough_s: float | None, lowering_s: float,
-                ideal: Ideals | None = None, across: bool = False) -> bool:
+                ideal: Ideals | None = None, across: bool = False, carry: dict | None = None
+                ) -> tuple[bool, LowerOptions]:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
     with the count's best protocol and `_contenders` only (each is one more lowering; with every
     protocol they doubled the time auto spends judging a candidate, and it judged fewer; and the
@@ -496,7 +501,12 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     again from a new best. A large program tries them at its best count only (realise). behind_s:
     the pacing placements are not tried for a count whose program is over CONTENDS times this (the
     best so far, scaled by the most placements gained at a count). Whether a program reached
-    enough_s."""
+    enough_s, and the placement of the fastest program. carry: the placement options (CARRIED) of the
+    best program at the counts before; where given, lowered first, and the unpaced placement is then
+    tried on the faster of it and the plain one (DGX H100 x 8 allreduce 1 MB, hier/1ch: one instance's
+    best had every peer apart; at 3 instances the plain placement made 68.9 us, peers apart 63.7, and
+    apart and unpaced 39.5, which the search reached at its fifth lowering, after a stall had ended it:
+    with the carry, at its third)."""
     k = options.instances
     first = [({"pace": False}, True)] if options.pace and not large else []
     variants = ([({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large else []) \
@@ -518,7 +528,7 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         lowered.update((p, placement) for p in (only or tuple(timed)))
         return _kept(timed, placed, schedule, topology, placement, stop_at, only)
 
-    def alone(variants: list[tuple[dict, bool]]) -> None:
+    def alone(variants: list[tuple[dict, bool]], at: LowerOptions = options) -> None:
         nonlocal reached, window_s
         for variant, best_only in variants:
             if reached or time.perf_counter() + (time.perf_counter() - began) >= stop_at:
@@ -526,7 +536,9 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
             leader = _leader(timed)
             if best_only and behind_s is not None and timed[leader][1].finish_time_s > CONTENDS * behind_s:
                 continue  # a count this far behind is not worth another lowering
-            got = kept(replace(options, **variant),
+            if replace(at, **variant) == at:
+                continue  # lowered already
+            got = kept(replace(at, **variant),
                        _contenders(timed, leader, ideal if variant.get("pace") is False else None) if best_only
                        else None)
             kind = "pace" if "pace" in variant else next(iter(variant))
@@ -554,7 +566,11 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         settled.add((end, placed[end]))
         gained = max(gained, start_s / timed[end][1].finish_time_s)
 
-    alone(first)
+    if carry:
+        alone([(carry, True)])
+        alone(first, placed[_leader(timed)])
+    else:
+        alone(first)
     if not placed[_leader(timed)].pace:
         from_best()
     alone(variants)
@@ -573,7 +589,7 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     for p in sorted(timed, key=lambda q: timed[q][1].finish_time_s):
         if SLOTS[p] != SLOTS[leader] and timed[p][1].finish_time_s < gained * timed[leader][1].finish_time_s:
             from_best(p)
-    return reached
+    return reached, placed[_leader(timed)]
 
 
 def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
@@ -667,6 +683,16 @@ def _unpaced_contenders(leader: str, timing: ProgramTiming, ideal: Ideals | None
         return (leader,)
     others = [q for q in ideal.known if q != leader and ideal.known[q] < timing.finish_time_s]
     return tuple(sorted(others + [leader], key=lambda q: (ideal.known.get(q, float("inf")), q)))
+
+
+def _carried(placement: LowerOptions, base: LowerOptions) -> dict:
+    """The options of CARRIED in which `placement` differs from `base`."""
+    return {f: getattr(placement, f) for f in CARRIED if getattr(placement, f) != getattr(base, f)}
+
+
+CARRIED = ("pace", "pair_peers")  # not fit_lanes, pace_ahead, turns: they act on a count's runs and channel groups
+# (DGX-2 x 2 allgather 64 KB, ring: 2 instances' best had every instance on its own channel; 4 instances started
+# there made 95.6 us, where their own search, unpaced with two turns, made 59.9)
 
 
 def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:

@@ -276,6 +276,41 @@ def test_the_descent_from_unpaced_sends_comes_before_the_paced_placements(topo, 
     assert verify(r.program, "all", s.demand, t.sms).ok
 
 
+def test_each_count_starts_from_the_placement_of_the_best_program_so_far(topo, monkeypatch):
+    """DGX H100 x 2 hier allgather, 1 MB in 1 chunk, LL, instances searched: where the best program
+    so far (judged here by the program timer, independently of realise) is unpaced or has every
+    peer apart, the next count's second lowering, after its plain one, is that placement, so that
+    a search cut short (a stall, a deadline) still reaches it and the unpaced placement on top of
+    it; the program is at least as fast as every program lowered and verifies."""
+    import compiler.realise as R
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 1), PlanOptions())
+    size = s.demand.size_bytes
+    lowered = []
+    real = R.lower
+
+    def record(sch, tp, o):
+        program = real(sch, tp, o)
+        lowered.append((o, time_program(program, tp, size).finish_time_s))
+        return program
+    monkeypatch.setattr(R, "lower", record)
+    r = realise(s, t, LowerOptions(proto="LL", instances=0), "all")
+    assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
+    assert r.timing.finish_time_s <= min(sec for _, sec in lowered) * 1.0001
+    counts = [o.instances for o, _ in lowered]
+    starts = [i for i, k in enumerate(counts) if i == 0 or counts[i - 1] != k]
+    carried = 0
+    for i, j in zip(starts, starts[1:]):
+        best, _ = min(lowered[:i], key=lambda x: x[1]) if i else (None, None)
+        if best is None or (best.pace and best.pair_peers) or j - i < 2:
+            continue
+        first, second = lowered[i][0], lowered[i + 1][0]
+        assert first.pace and first.pair_peers  # the plain placement first
+        assert (second.pace, second.pair_peers) == (best.pace, best.pair_peers)
+        carried += 1
+    assert carried >= 2
+
+
 def test_a_protocol_close_behind_the_leader_gets_its_own_descent(topo, monkeypatch):
     """DGX A100 x 2 hier reduce-scatter, 256 MB in 4 chunks, at 10 instances: unpaced, LL128 leads
     Simple, so the descent from the unpaced program lowers LL128 (and LL) only; Simple with every
