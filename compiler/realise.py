@@ -290,12 +290,18 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 # every peer on a block of its own and one more run in flight, if the blocks fit; else its peers
                 # paired where they must be, with its NIC choices and window (DGX H100 x 8 allreduce 256 MB, hier/4ch
                 # at 2 instances, where LEAD needs 132 blocks: 1467 us, the plain placement 2087, one instance 1546)
-                for how in [lead, {**lead, "pair_peers": True}] if lead else []:  # LEAD has its peers apart
-                    led = replace(at_k, **how)
+                # A small program's count starts from the placement of the best program so far (`carry`), if its
+                # blocks fit; its own search then goes on from there and from the plain placement (_placements)
+                start_k = None
+                for how in [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []:
+                    led = replace(at_k, **how)  # LEAD has its peers apart
                     try:
                         timed = _time_all(schedule, topology, led, protos, stop_at, ideal_k, enough_s, first, as_first)
-                        at_k = led
-                        led_at[k] = how
+                        if lead:
+                            at_k = led
+                            led_at[k] = how
+                        else:
+                            start_k = led
                         break
                     except CompileError:
                         first.clear()
@@ -333,7 +339,8 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         else:
             plain_s = _fastest_s(timed)
             got, placement = _placements(timed, schedule, topology, at_k, large, gated, stop_at, began,
-                                         best[0] * gain if best else None, enough_s, first[0], ideal, across, carry)
+                                         best[0] * gain if best else None, enough_s, first[0], ideal, across,
+                                         start_k)
             reached = got or reached
             gain = max(gain, plain_s / _fastest_s(timed))
         tried += [(p, k, t.finish_time_s) for p, (_, t) in timed.items()]
@@ -487,7 +494,7 @@ def _grouped(program: Program, timing: ProgramTiming, schedule: Schedule, topolo
 def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Schedule, topology: Topology,
                 options: LowerOptions, large: bool, gated: bool, stop_at: float, began: float,
                 behind_s: float | None, enough_s: float | None, lowering_s: float,
-                ideal: Ideals | None = None, across: bool = False, carry: dict | None = None
+                ideal: Ideals | None = None, across: bool = False, start: LowerOptions | None = None
                 ) -> tuple[bool, LowerOptions]:
     """Try a count's other placements (_keep_faster) where time allows: the pacing ones first and
     with the count's best protocol and `_contenders` only (each is one more lowering; with every
@@ -501,12 +508,13 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     again from a new best. A large program tries them at its best count only (realise). behind_s:
     the pacing placements are not tried for a count whose program is over CONTENDS times this (the
     best so far, scaled by the most placements gained at a count). Whether a program reached
-    enough_s, and the placement of the fastest program. carry: the placement options (CARRIED) of the
-    best program at the counts before; where given, lowered first, and the unpaced placement is then
-    tried on the faster of it and the plain one (DGX H100 x 8 allreduce 1 MB, hier/1ch: one instance's
-    best had every peer apart; at 3 instances the plain placement made 68.9 us, peers apart 63.7, and
-    apart and unpaced 39.5, which the search reached at its fifth lowering, after a stall had ended it:
-    with the carry, at its third)."""
+    enough_s, and the placement of the fastest program. start: where `timed` was lowered with another
+    placement than `options` (realise's carry: that of the best program at the counts before), the
+    unpaced placement is tried on it first, then the plain one is lowered, and the other placements
+    go on from that as without a start (DGX H100 x 8 allreduce 1 MB, hier/1ch: one instance's best
+    had every peer apart; at 3 instances the plain placement made 68.9 us, peers apart 63.7, and apart
+    and unpaced 39.5, which the search from the plain placement reached at its fifth lowering, after
+    a stall had ended it; from the carried one, at its second)."""
     k = options.instances
     first = [({"pace": False}, True)] if options.pace and not large else []
     variants = ([({"pace": True, "pace_ahead": 1}, True)] if options.pace and not large else []) \
@@ -518,9 +526,10 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
     plain_s = _fastest_s(timed)
     reached = enough_s is not None and plain_s <= enough_s
     paid: dict[str, tuple[float, dict]] = {}  # kind of placement -> (its best time, its options)
-    placed = {p: options for p in timed}  # the options each protocol's program was lowered with
+    started = start or options
+    placed = {p: started for p in timed}  # the options each protocol's program was lowered with
     window_s = plain_s  # the last pacing window's time (no run ahead: the paced program's)
-    lowered = {(p, options) for p in timed}  # (protocol, placement) tried, which _descend does not lower again
+    lowered = {(p, started) for p in timed}  # (protocol, placement) tried, which _descend does not lower again
     settled: set[tuple[str, LowerOptions]] = set()  # where the descent and turns started or ended
     gained = 1.0  # the most a descent (with the turns) sped up the program it started from
 
@@ -566,9 +575,10 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
         settled.add((end, placed[end]))
         gained = max(gained, start_s / timed[end][1].finish_time_s)
 
-    if carry:
-        alone([(carry, True)])
-        alone(first, placed[_leader(timed)])
+    if started != options:
+        alone(first, started)
+        if not reached and time.perf_counter() + lowering_s < stop_at:
+            plain_s = window_s = min(kept(options, None).values(), default=plain_s)
     else:
         alone(first)
     if not placed[_leader(timed)].pace:

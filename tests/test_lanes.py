@@ -279,9 +279,10 @@ def test_the_descent_from_unpaced_sends_comes_before_the_paced_placements(topo, 
 def test_each_count_starts_from_the_placement_of_the_best_program_so_far(topo, monkeypatch):
     """DGX H100 x 2 hier allgather, 1 MB in 1 chunk, LL, instances searched: where the best program
     so far (judged here by the program timer, independently of realise) is unpaced or has every
-    peer apart, the next count's second lowering, after its plain one, is that placement, so that
-    a search cut short (a stall, a deadline) still reaches it and the unpaced placement on top of
-    it; the program is at least as fast as every program lowered and verifies."""
+    peer apart, the next count's first lowering is that placement, so that a search cut short (a
+    stall, a deadline) still reaches it and the unpaced placement on top of it; the plain placement
+    is still lowered at that count; the program is at least as fast as every program lowered and
+    verifies."""
     import compiler.realise as R
     t = topo("dgx-h100", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 1), PlanOptions())
@@ -304,9 +305,9 @@ def test_each_count_starts_from_the_placement_of_the_best_program_so_far(topo, m
         best, _ = min(lowered[:i], key=lambda x: x[1]) if i else (None, None)
         if best is None or (best.pace and best.pair_peers) or j - i < 2:
             continue
-        first, second = lowered[i][0], lowered[i + 1][0]
-        assert first.pace and first.pair_peers  # the plain placement first
-        assert (second.pace, second.pair_peers) == (best.pace, best.pair_peers)
+        first = lowered[i][0]
+        assert (first.pace, first.pair_peers) == (best.pace, best.pair_peers)
+        assert any(o.pace and o.pair_peers for o, _ in lowered[i + 1:j])  # the plain placement too
         carried += 1
     assert carried >= 2
 
