@@ -293,8 +293,8 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 # A small program's count starts from the placement of the best program so far (`carry`), if its
                 # blocks fit; its own search then goes on from there and from the plain placement (_placements)
                 start_k = None
-                for how in [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []:
-                    led = replace(at_k, **how)  # LEAD has its peers apart
+                for how in [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []:  # LEAD: apart
+                    led = replace(at_k, **how)
                     try:
                         timed = _time_all(schedule, topology, led, protos, stop_at, ideal_k, enough_s, first, as_first)
                         if lead:
