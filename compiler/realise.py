@@ -110,6 +110,10 @@ LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
 
 
+class _OutOfTime(Exception):
+    """A count's next placement would not be lowered by the deadline (realise's `attempt`)."""
+
+
 @dataclass(frozen=True)
 class Realisation:
     program: Program
@@ -274,6 +278,23 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     gain = 1.0  # the most the other placements sped up a count's program
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
     spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
+    failed_s = 0.0  # the longest a failed lowering at the count in hand took
+
+    def attempt(placed: LowerOptions, ideal_for: Ideals | None) -> dict[str, tuple[Program, ProgramTiming]]:
+        """_time_all at `placed`; where a placement of this count already failed, begun only if one more
+        lowering as long as that fits before stop_at (DGX H100 x 8 allreduce 256 MB, hier/4ch at 4 instances:
+        LEAD paired failed on XML nodes after 9.4 s, ending 0.8 s before the deadline, and the plain placement,
+        begun then, failed after 12 s more)."""
+        nonlocal failed_s
+        if failed_s and best is not None and time.perf_counter() + failed_s >= stop_at:
+            raise _OutOfTime(placed.instances)
+        began_try = time.perf_counter()
+        try:
+            return _time_all(schedule, topology, placed, protos, stop_at, ideal_for, enough_s, first, as_first)
+        except CompileError:
+            first.clear()
+            failed_s = max(failed_s, time.perf_counter() - began_try)
+            raise
     while counts:
         stop_at = stalled_at()  # past the first count and the likeliest winner after it
         if stop_at < limit_at and time.perf_counter() >= stop_at:
@@ -281,6 +302,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             break
         k = counts.pop()
         began = time.perf_counter()
+        failed_s = 0.0
         first: list[float] = []
         at_k = replace(base, instances=k)
         ideal_k = ideal if k == 1 or large else None
@@ -296,17 +318,19 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 for how in [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []:  # LEAD: apart
                     led = replace(at_k, **how)
                     try:
-                        timed = _time_all(schedule, topology, led, protos, stop_at, ideal_k, enough_s, first, as_first)
+                        timed = attempt(led, ideal_k)
                         if lead:
                             at_k = led
                             led_at[k] = how
                         else:
                             start_k = led
                         break
+                    except _OutOfTime:
+                        raise
                     except CompileError:
-                        first.clear()
+                        pass
                 if timed is None:
-                    timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal_k, enough_s, first, as_first)
+                    timed = attempt(at_k, ideal_k)
             except TooManySteps:
                 # lane-aware placement puts a transfer's pieces on fewer channels, so more steps on each block, and
                 # pacing adds nops: every instance on its own channel, then unpaced too, may fit the runtimes' steps
@@ -316,13 +340,18 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                         continue
                     try:
                         at_k = replace(base, instances=k, **fewer)
-                        timed = _time_all(schedule, topology, at_k, protos, stop_at, ideal if large else None,
-                                          enough_s, first, as_first)
+                        timed = attempt(at_k, ideal if large else None)
                         break
+                    except _OutOfTime:
+                        raise
                     except CompileError:
                         continue
                 else:
                     raise
+        except _OutOfTime:
+            stopped = stopped or f"the time limit left out {k} (a placement at {k} failed after {failed_s:.1f} s)"
+            counts = [c for c in counts if c < k]  # as long or longer to lower
+            continue
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
                 raise

@@ -312,6 +312,42 @@ def test_each_count_starts_from_the_placement_of_the_best_program_so_far(topo, m
     assert carried >= 2
 
 
+@pytest.mark.parametrize("failed_s, retried", [(400.0, False), (100.0, True)])
+def test_a_count_tries_another_placement_only_where_one_as_long_as_its_failure_fits(topo, monkeypatch, failed_s,
+                                                                                      retried):
+    """DGX H100 x 2 hier allgather 1 MB, LL, instances searched, 600 s to search: the first lowering at the second
+    count fails (as one whose thread blocks need more steps than the runtimes allow does) after `failed_s` seconds of
+    realise's clock. Another placement of that count (every instance on its own channel) is lowered after it only
+    where one more lowering that long ends before the deadline; otherwise the count is left out, saying so, and the
+    program (verified) is from the other counts."""
+    import types
+
+    import compiler.realise as R
+    from compiler.lowering.codegen import TooManySteps
+    monkeypatch.setattr(R, "SEARCH_SECONDS", 600.0)
+    skew = [0.0]
+    monkeypatch.setattr(R, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + skew[0]))
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 1), PlanOptions())
+    lowered, failed = [], []
+    real = R.lower
+
+    def lower_or_fail(sch, tp, o):
+        if o.instances > 1 and not failed:
+            failed.append(o.instances)
+            skew[0] += failed_s
+            raise TooManySteps("lowering: rank 0 thread block 3 needs 65 steps; the runtimes allow 64")
+        lowered.append(o.instances)
+        return real(sch, tp, o)
+    monkeypatch.setattr(R, "lower", lower_or_fail)
+    r = realise(s, t, LowerOptions(proto="LL", instances=0), "all", deadline=time.perf_counter() + 600.0)
+    k = failed[0]
+    assert (k in lowered) == retried
+    if not retried:
+        assert f"the time limit left out {k}" in r.stopped and r.instances != k
+    assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
+
+
 def test_a_protocol_close_behind_the_leader_gets_its_own_descent(topo, monkeypatch):
     """DGX A100 x 2 hier reduce-scatter, 256 MB in 4 chunks, at 10 instances: unpaced, LL128 leads
     Simple, so the descent from the unpaced program lowers LL128 (and LL) only; Simple with every
