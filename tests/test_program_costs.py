@@ -1,5 +1,7 @@
 """The runtime cost model in the timers, and choices made by the program's time (issue 12)."""
 
+from dataclasses import replace
+
 import pytest
 
 from compiler.analysis.bounds import lower_bound
@@ -374,6 +376,42 @@ def test_probes_run_cheapest_first_so_a_short_window_still_ranks_the_coarse_plan
     seen.clear()
     search.probed(clock.perf_counter() - 1)
     assert seen == [min(len(c.schedule.transfers) for c in cands)]
+
+
+def test_a_candidate_far_behind_the_probes_at_their_best_share_over_plan_is_not_probed(topo):
+    """DGX H100 x 2 allgather 4 MB, hier at 1 and 4 chunks and ring at 4 and 8, every plan within
+    PROBED of the best. Probes here take 1.2 x the plan for hier/1ch and 2 x for the rest. From the
+    second probe on, a candidate whose plan times the least such share (1.2) is more than PROBE_BEHIND
+    times the best probe (hier/1ch's) is passed over (ring/4ch, planned at 1.55 x hier/1ch); one within it is probed
+    (ring/8ch, 1.3 x), whatever it then takes; with a single probe nothing is passed over yet."""
+    import time as clock
+    from compiler.planners.auto import PROBE_BEHIND, Candidate, Search
+    t = topo("dgx-h100", 2)
+    cands = {}
+    for method, chunks in (("hier", 1), ("hier", 4), ("ring", 4), ("ring", 8)):
+        s = plan(t, make_demand("allgather", t.ngpus, 4 * 10**6, chunks), PlanOptions(method=method))
+        cands[method, chunks] = Candidate(1.0, chunks, method, s, 0.5)
+    plans = {("hier", 1): 1.0, ("hier", 4): 0.8, ("ring", 4): 1.55, ("ring", 8): 1.3}
+    cands = {k: replace(c, finish_time_s=plans[k]) for k, c in cands.items()}
+    assert len(cands["hier", 1].schedule.transfers) < len(cands["hier", 4].schedule.transfers) \
+        <= len(cands["ring", 4].schedule.transfers) < len(cands["ring", 8].schedule.transfers)
+    by_schedule = {id(c.schedule): k for k, c in cands.items()}
+    seen = []
+
+    def probe(s):
+        key = by_schedule[id(s)]
+        seen.append(key)
+        return plans[key] * (1.2 if key == ("hier", 1) else 2.0)
+    options = PlanOptions(probe=probe, good_enough=1.0)
+    search = Search(t, options, clock.perf_counter() + 60, (1, 4, 8), results=list(cands.values()))
+    out = search.probed(clock.perf_counter() + 60)
+    assert plans["ring", 4] * 1.2 > PROBE_BEHIND * 1.2 >= plans["ring", 8] * 1.2  # ring/4ch out, ring/8ch in
+    assert ("ring", 4) not in seen and ("ring", 8) in seen and len(out) == 3
+    seen.clear()
+    alone = Search(t, options, clock.perf_counter() + 60, (1, 4, 8),
+                   results=[cands["hier", 1], cands["ring", 4]])
+    alone.probed(clock.perf_counter() + 60)
+    assert seen == [("hier", 1), ("ring", 4)]
 
 
 def test_a_probe_ranks_by_the_faster_of_the_plain_and_the_unpaced_placement(topo):

@@ -204,6 +204,9 @@ RING_BEHIND = 6.0  # ring is not planned where its links alone (baselines.ring_l
 # at 8-18x relay's plan
 PROBED = 2.0  # constructive candidates whose plan is within this factor of the best are ranked by their programs
 # (DGX-2 x 2 allgather 4 MB: hier/1ch's plan is 1.18 x hier/8ch's, its program 0.5 x)
+PROBE_BEHIND = 1.5  # from the second probe on, a candidate is not probed where its plan, times the least share over
+# its plan that a probed program took, is this many times the best probe (DGX H100 x 8 allreduce 256 MB: ring/8ch,
+# planned at 1.7 x hier/8ch, was probed for 9.4 s at 3.3 x the best probe, hier/4ch's, whose judging the deadline cut)
 CHEAPER_FIRST = 0.95  # a candidate whose probe (or plan) is within this share of the next one's is judged before
 # it where it has fewer transfers (judging_order)
 FILL_LOWERINGS = 4  # a candidate is judged in the time left after those judged whole (judge) only where this many
@@ -544,12 +547,16 @@ class Search:
         close = [c for c in plans if c.finish_time_s <= PROBED * plans[0].finish_time_s]
         if len(close) < 2 or plans[0].bound_ratio >= self.options.good_enough:
             return out  # one close candidate, or a plan good enough to judge first: nothing to rank
+        least = float("inf")  # the least a probed program took in multiples of its plan
         for c in sorted(close, key=lambda c: len(c.schedule.transfers)):  # cheapest first: more fit before `until`
             if out and time.perf_counter() > until:
                 break
+            if len(out) >= 2 and c.finish_time_s * least > PROBE_BEHIND * min(out.values()):
+                continue  # even at the least share over its plan that any probe took, far behind the best probe
             began = time.perf_counter()
             try:
                 out[id(c)] = self.options.probe(c.schedule)
+                least = min(least, out[id(c)] / c.finish_time_s)
                 self.probe_s[id(c)] = time.perf_counter() - began
                 self.probe_rate = max(self.probe_rate, self.probe_s[id(c)] / max(1, len(c.schedule.transfers)))
             except CompileError as e:
