@@ -325,8 +325,6 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                         else:
                             start_k = led
                         break
-                    except _OutOfTime:
-                        raise
                     except CompileError:
                         pass
                 if timed is None:
@@ -342,15 +340,16 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                         at_k = replace(base, instances=k, **fewer)
                         timed = attempt(at_k, ideal if large else None)
                         break
-                    except _OutOfTime:
-                        raise
                     except CompileError:
                         continue
                 else:
                     raise
         except _OutOfTime:
-            stopped = stopped or f"the time limit left out {k} (a placement at {k} failed after {failed_s:.1f} s)"
-            counts = [c for c in counts if c < k]  # as long or longer to lower
+            left = [k] + sorted(c for c in counts if c > k)  # as long or longer to lower
+            why = (f"the time limit left out {', '.join(map(str, left))} (a placement at {k} failed after "
+                   f"{failed_s:.1f} s, and another as long would not end in time)")
+            stopped = f"{stopped}; {why}" if stopped else why
+            counts = [c for c in counts if c < k]
             continue
         except CompileError as e:
             if fixed or (best is None and not any(c < k for c in counts)):
