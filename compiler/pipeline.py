@@ -41,6 +41,8 @@ STALL = 1.0  # a search auto cuts (the optimisers' candidates wait) also ends on
 # past its latest gain as it took to find it (realise's stall): DGX H100 x 4 allreduce 25 MB at 60 s, hier/8ch's search
 # found its program 3.3 s in and ran 20 s more, hier/4ch's the rest, and hier/1ch, 0.782 of the floor against 0.684,
 # was never judged
+FINISH_BY = 1.1  # of the time limit by which the chosen program is verified and written too (realise's finish_by;
+# the promise is 1.1 x the limit + 5 s, the 5 s for starting and ending the process): at 512 GPUs that takes 24 s
 JUDGE_SHARE = 0.92  # of the time limit by which a candidate auto judges is realised (verifying and timing the
 # chosen program take the rest: a judge that began just before PLAN_SHARE once ran to the limit, and writing on)
 MULTICAST_SKIP = "switch multicast (NVLS) has no MSCCL XML form; plan without `multicast` to get XML"
@@ -54,6 +56,7 @@ class CompileOptions:
     runtime: str = ALL  # the runtimes to write for: one, or all that have the collective
     xml: bool = True  # lower, verify and time a program (else plan and simulate only)
     output: str | None = None  # the XML's path (default: default_xml_name)
+    finish_by: float | None = None  # time.perf_counter() value by which the program is to be verified and written
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ def compile(topology: Topology, demand: Demand, options: CompileOptions = Compil
     if options.xml and not options.plan.multicast:
         now = time.perf_counter()
         end = plan_options.deadline or now + plan_options.time_limit  # the promise, lowering included
-        options = replace(options, plan=replace(plan_options, deadline=end))
+        options = replace(options, plan=replace(plan_options, deadline=end),
+                          finish_by=now + (end - now) * FINISH_BY)
         share = PLAN_SHARE if plan_options.method != "auto" else AUTO_PLAN_SHARE
         plan_options = replace(plan_options, deadline=now + (end - now) * share,
                                judge_until=now + (end - now) * PLAN_SHARE,
@@ -168,7 +172,7 @@ def _judge(schedule: Schedule, topology: Topology, options: CompileOptions, judg
     the search an end of its own, other candidates wait to be judged)."""
     r = realise(schedule, topology, options.lower, options.runtime, by,
                 enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes,
-                workers(options.plan.workers), stall)
+                workers(options.plan.workers), stall, options.finish_by)
     before = judged.get(id(schedule.transfers))
     if before is not None and before[1].timing.finish_time_s < r.timing.finish_time_s:
         r = before[1]
@@ -211,7 +215,7 @@ def compile_schedule(topology: Topology, schedule: Schedule, options: CompileOpt
         return result if not options.xml else replace(result, skipped=MULTICAST_SKIP)
     r = realised or realise(schedule, topology, options.lower, options.runtime, options.plan.deadline,
                             enough_time(topology, schedule, options.plan.good_enough), options.plan.element_bytes,
-                            workers(options.plan.workers))
+                            workers(options.plan.workers), finish_by=options.finish_by)
     program = r.program
     runtimes = target_runtimes(schedule.demand.collective, options.runtime, topology.vendor)
     verdict = verify(program, options.runtime, demand=schedule.demand.split(r.instances), sms=topology.sms)

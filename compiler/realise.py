@@ -105,6 +105,9 @@ AS_FIRST_PROGRAM = 40_000  # transfers from which a second protocol is lowered o
 # what the first's program lost to lowering scaled by their step latencies, would be faster (_time_all; one lowering
 # takes tens of seconds; below, a first protocol far from its ideal, such as a ring alltoall in LL, is no guide to
 # the others)
+FINISH = 1.3  # verifying and writing a program (and simulating its schedule) take about this many times its
+# lowering and timing (DGX H100 x 64 reduce-scatter 1 GB: 24 s after 19; DGX H100 x 8 allreduce 256 MB at 2
+# instances: 4.5 s after 3.8)
 LARGE_PROGRAM = 10_000  # transfers from which a protocol whose ideal program is no faster than a program
 # already timed is not lowered and timed with several instances either (with one it never is: no one-instance
 # program beats its ideal; with several, finer pieces can, a little, so below this they are all timed)
@@ -213,8 +216,10 @@ def whole_counts(first: set[int], others: set[int], fits: Callable[[int], bool])
 
 def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str,
             deadline: float | None = None, enough_s: float | None = None, element_bytes: int = 4,
-            workers: int = 1, stall: float | None = None) -> Realisation:
-    """enough_s: a program time at which the search stops (no other can gain what is left to the bound).
+            workers: int = 1, stall: float | None = None, finish_by: float | None = None) -> Realisation:
+    """finish_by: where given, the time by which the chosen program is also to be verified and written: no
+    lowering starts that would end later than FINISH times the best program's lowering and timing before it.
+    enough_s: a program time at which the search stops (no other can gain what is left to the bound).
     element_bytes: the data type's size; an instance count whose chunks would split elements at the
     schedule's size is not tried (divides), and one asked for is an error. workers: processes it may
     use (2: a program of SPARE_CORE_PROGRAM transfers or more has LEAD's other window lowered in a
@@ -227,7 +232,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
     spares: list[Background] = []
     try:
         return _realise(schedule, topology, options, runtime, deadline, enough_s, element_bytes,
-                        spares if workers >= 2 else None, stall)
+                        spares if workers >= 2 else None, stall, finish_by)
     finally:
         for b in spares:
             b.stop()
@@ -235,7 +240,7 @@ def realise(schedule: Schedule, topology: Topology, options: LowerOptions, runti
 
 def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runtime: str, deadline: float | None,
              enough_s: float | None, element_bytes: int, spares: list[Background] | None,
-             stall: float | None = None) -> Realisation:
+             stall: float | None = None, finish_by: float | None = None) -> Realisation:
     t0 = time.perf_counter()
     large = len(schedule.transfers) >= LARGE_PROGRAM
     as_first = len(schedule.transfers) >= AS_FIRST_PROGRAM
@@ -383,6 +388,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             best = (timing.finish_time_s, p, k, prog, timing)
             gained = time.perf_counter()
             carry = _carried(placement, base) if placement is not None and not large else {}
+            if finish_by is not None:  # the best program's verifying and writing grow with its steps, as its lowering
+                limit_at = min(limit_at, finish_by - FINISH * took[k])
+                stop_at = min(stop_at, limit_at)
         if not fixed and k == 1:  # the rest, first the counts that saturate the fastest protocol's links
             # (where a chunk moves in less than one step latency on a thread block, bandwidth does not bind: no count
             # that saturates a link, only the doublings, which spread a thread block's serial steps over more blocks)

@@ -348,6 +348,33 @@ def test_a_count_tries_another_placement_only_where_one_as_long_as_its_failure_f
     assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
 
 
+def test_no_count_is_lowered_where_the_best_program_could_not_then_be_verified_and_written_in_time(topo, monkeypatch):
+    """DGX H100 x 2 hier allgather 1 MB, LL, instances searched: given a time by which the chosen program
+    is also to be verified and written (finish_by), realise starts no lowering that would end later than
+    FINISH times the best program's lowering and timing before it. With that time already near, only the
+    first count is lowered; with it far, the search goes on to other counts as without it. Either way the
+    program is the fastest lowered (by the program timer) and verifies."""
+    import compiler.realise as R
+    t = topo("dgx-h100", 2)
+    s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 1), PlanOptions())
+    real = R.lower
+    for near, counts_above_one in ((True, False), (False, True)):
+        lowered = []
+
+        def record(sch, tp, o):
+            program = real(sch, tp, o)
+            lowered.append((o.instances, time_program(program, tp, s.demand.size_bytes).finish_time_s))
+            return program
+        monkeypatch.setattr(R, "lower", record)
+        monkeypatch.setattr(R, "LOWERED", R._Lowered())  # lowered again, not replayed
+        now = time.perf_counter()
+        r = realise(s, t, LowerOptions(proto="LL", instances=0), "all", deadline=now + 600,
+                    finish_by=now + (0.0 if near else 600.0))
+        assert any(k > 1 for k, _ in lowered) == counts_above_one
+        assert r.timing.finish_time_s <= min(sec for _, sec in lowered) * 1.0001
+        assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
+
+
 def test_a_protocol_close_behind_the_leader_gets_its_own_descent(topo, monkeypatch):
     """DGX A100 x 2 hier reduce-scatter, 256 MB in 4 chunks, at 10 instances: unpaced, LL128 leads
     Simple, so the descent from the unpaced program lowers LL128 (and LL) only; Simple with every
