@@ -453,15 +453,14 @@ def test_random_mutations_never_raise():
 def test_order_through_another_rank_is_no_race():
     """Rank 0's tb 1 rewrites o[0] after tb 0 wrote it, ordered only through rank 1 (tb 0 sends,
     rank 1 answers, tb 1 receives): the local clocks see a race, the full ones clear it."""
-    from compiler.program.interpret import Machine, initial_memory
+    from compiler.program.interpret import Call, Machine
     from compiler.program.semantics import connections
     ranks = [[tb(0, send=1, steps=[st("cpy", src="i0", dst="o0"), st("s", src="o0", dst="o0")]),
               tb(1, recv=1, steps=[st("r", src="o1", dst="o1"), st("cpy", src="o0", dst="o0")])],
              [tb(0, send=0, recv=0, steps=[st("r", src="o0", dst="o0"), st("cpy", src="i0", dst="o1"),
                                            st("s", src="o1", dst="o1")])]]
     p = prog("allgather", 2, 2, ranks, 1, 2)
-    addrs, size, init, enc = initial_memory(p, False)
-    local = Machine(p, connections(p), addrs, size, init, enc, full_clocks=False).run()
+    local, = Machine(p, connections(p), [Call(p, False)], full_clocks=False).run()
     assert {f.rule for f in local} == {"race"}
     assert verify(p).ok
 

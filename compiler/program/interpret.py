@@ -20,6 +20,9 @@ that reports a race is repeated with full clocks, whose verdict stands.
 
 `trace(program, inplace, slots)` is the public entry: the findings, the final memory and the order
 in which steps completed (the torch executor runs steps in that order, with slots=UNBOUNDED).
+`traces` runs a program's out-of-place and in-place calls together: which steps can run, and so
+the order and any deadlock, do not depend on the values they move, so one schedule drives both
+calls' memories (the verifier's symbolic run, twice, was a third of verifying 512 GPUs).
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ class _Conn:
 
     def __init__(self, cid, key, cap, sender, receiver):
         self.id, self.key, self.cap, self.sender, self.receiver = cid, key, cap, sender, receiver
-        self.q = deque()  # (value, clock snapshot)
+        self.q = deque()  # (one value per call, clock snapshot)
 
 
 class _Tb:
@@ -112,13 +115,33 @@ class _Tb:
         self.blocked = None  # wake key while blocked
 
 
+class Call:
+    """One call's memory (out of place or in place: the buffers alias differently) and what its run
+    found. The order steps run in does not depend on the values they move, so one schedule serves
+    every call of a program (Machine.calls); only memory and the findings about it are per call."""
+
+    __slots__ = ("inplace", "addrs", "enc", "mem", "last_w", "reads", "findings", "reported")
+
+    def __init__(self, p: Program, inplace: bool):
+        self.inplace = inplace
+        self.addrs, size, init, self.enc = initial_memory(p, inplace)
+        self.mem = [None] * size
+        for a, v in init:
+            self.mem[a] = v
+        self.last_w = [None] * size  # (g, t, pc) of the last write
+        self.reads = [None] * size  # {g: (t, pc)} of reads since the last write
+        self.findings: list[Finding] = []
+        self.reported = set()  # (rule, rank, address): one finding per chunk
+
+
 class Machine(Interpreter):
     """The symbolic machine: values are Encoding symbols, one per chunk; `read`, `write` and
-    `reduce` (the Interpreter's hooks) act for the thread block `cur` and keep the clocks."""
+    `reduce` (the Interpreter's hooks) act for the thread block `cur` on the memory of `call` and
+    keep the clocks. A message carries one value per call."""
 
-    def __init__(self, p: Program, conns: dict, addrs: list[dict], size: int, init: list, enc: Encoding,
-                 slots: int | None = None, full_clocks: bool = True):
-        self.p, self.addrs, self.enc = p, addrs, enc
+    def __init__(self, p: Program, conns: dict, calls: list[Call], slots: int | None = None, full_clocks: bool = True):
+        self.p, self.calls = p, calls
+        self.call = calls[0]  # the call whose memory the hooks act on
         self.full = full_clocks  # else local clocks: one entry per tb of the rank, no message edges
         self.tbs: list[_Tb] = []
         self.gidx = {}
@@ -136,13 +159,6 @@ class Machine(Interpreter):
             conn = _Conn(len(self.conns), (a, b, c), cap, s, r)
             s.out = r.inc = conn
             self.conns.append(conn)
-        self.mem = [None] * size
-        for a, v in init:
-            self.mem[a] = v
-        self.last_w = [None] * size  # (g, t, pc) of the last write
-        self.reads = [None] * size  # {g: (t, pc)} of reads since the last write
-        self.findings: list[Finding] = []
-        self.reported = set()  # (rule, rank, address): one finding per chunk
         self.waiters: dict = {}
         self.ready = deque()
         self.queued = [False] * len(self.tbs)
@@ -157,7 +173,8 @@ class Machine(Interpreter):
                 self.queued[g] = True
                 self.ready.append(g)
 
-    def run(self) -> list[Finding]:
+    def run(self) -> list[list[Finding]]:
+        """Runs every thread block as far as it goes; the findings of each call."""
         self.ready.extend(range(len(self.tbs)))
         self.queued = [True] * len(self.tbs)
         while self.ready:
@@ -168,15 +185,16 @@ class Machine(Interpreter):
             if tb.blocked is not None:
                 self.waiters.setdefault(tb.blocked, []).append(g)
         stuck = [tb for tb in self.tbs if tb.pc < len(tb.steps)]
-        for tb in stuck:
-            self.findings.append(self.deadlock(tb))
+        ends = [self.deadlock(tb) for tb in stuck]
         if not stuck:
             for c in self.conns:
                 if c.q:
                     a, b, ch = c.key
-                    self.findings.append(finding("unconsumed", f"{len(c.q)} messages to rank {b} on channel {ch} are "
-                                                               f"never received", a, c.sender.tb.id))
-        return self.findings
+                    ends.append(finding("unconsumed", f"{len(c.q)} messages to rank {b} on channel {ch} are "
+                                                      f"never received", a, c.sender.tb.id))
+        for call in self.calls:
+            call.findings.extend(ends)
+        return [call.findings for call in self.calls]
 
     # ---- clocks ----
 
@@ -195,57 +213,60 @@ class Machine(Interpreter):
 
     # ---- memory ----
 
-    def _read1(self, tb: _Tb, buf: str, off: int):
-        a = self.addrs[tb.rank][buf][off]
-        w = self.last_w[a]
+    def _read1(self, c: Call, tb: _Tb, buf: str, off: int):
+        a = c.addrs[tb.rank][buf][off]
+        w = c.last_w[a]
         if w is not None and not self.ordered(tb, w):
             self.race(tb, buf, off, a, "reads", w, "writes")
-        rd = self.reads[a]
+        rd = c.reads[a]
         if rd is None:
-            rd = self.reads[a] = {}
+            rd = c.reads[a] = {}
         rd[tb.g] = (tb.t, tb.pc)
-        v = self.mem[a]
+        v = c.mem[a]
         if v is None:
-            if ("undefined-read", tb.rank, a) not in self.reported:
-                self.reported.add(("undefined-read", tb.rank, a))
+            if ("undefined-read", tb.rank, a) not in c.reported:
+                c.reported.add(("undefined-read", tb.rank, a))
                 self.add("undefined-read", f"reads {buf}[{off}], which holds no data yet", tb)
             return 0
         return v
 
-    def _write1(self, tb: _Tb, buf: str, off: int, v):
-        a = self.addrs[tb.rank][buf][off]
-        w = self.last_w[a]
+    def _write1(self, c: Call, tb: _Tb, buf: str, off: int, v):
+        a = c.addrs[tb.rank][buf][off]
+        w = c.last_w[a]
         if w is not None and not self.ordered(tb, w):
             self.race(tb, buf, off, a, "writes", w, "writes")
-        rd = self.reads[a]
+        rd = c.reads[a]
         if rd:
             base = self.base[tb.rank]
             for g, (t, pc) in rd.items():
                 if g != tb.g and tb.vc[g - base] < t:
                     self.race(tb, buf, off, a, "writes", (g, t, pc), "reads")
                     break
-        self.last_w[a] = (tb.g, tb.t, tb.pc)
-        self.reads[a] = None
-        self.mem[a] = v
+        c.last_w[a] = (tb.g, tb.t, tb.pc)
+        c.reads[a] = None
+        c.mem[a] = v
 
     def _reduce1(self, tb: _Tb, x, y):
         if not x or not y:
             return 0  # undefined data stays undefined (reported where it was read)
         both = x & y
-        if both and ("double-count", tb.rank, tb.tb.id, tb.pc) not in self.reported:
-            self.reported.add(("double-count", tb.rank, tb.tb.id, tb.pc))
-            r, j = self.enc.contributions(both)[0]
+        c = self.call
+        if both and ("double-count", tb.rank, tb.tb.id, tb.pc) not in c.reported:
+            c.reported.add(("double-count", tb.rank, tb.tb.id, tb.pc))
+            r, j = c.enc.contributions(both)[0]
             self.add("double-count", f"reduction counts rank {r}'s i[{j}] twice", tb)
         return x | y
 
     # ---- the Interpreter's hooks: a window of chunks is a list of symbols ----
 
     def read(self, buf: str, off: int, cnt: int) -> list:
-        return [self._read1(self.cur, buf, off + k) for k in range(cnt)]
+        if cnt == 1:
+            return [self._read1(self.call, self.cur, buf, off)]
+        return [self._read1(self.call, self.cur, buf, off + k) for k in range(cnt)]
 
     def write(self, buf: str, off: int, cnt: int, vals: list) -> None:
         for k, v in enumerate(vals):
-            self._write1(self.cur, buf, off + k, v)
+            self._write1(self.call, self.cur, buf, off + k, v)
 
     def reduce(self, xs: list, ys: list) -> list:
         return [self._reduce1(self.cur, x, y) for x, y in zip(xs, ys)]
@@ -254,12 +275,13 @@ class Machine(Interpreter):
 
     def add(self, rule: str, text: str, tb: _Tb):
         st = tb.steps[tb.pc]
-        self.findings.append(finding(rule, text, tb.rank, tb.tb.id, tb.pc, st.type))
+        self.call.findings.append(finding(rule, text, tb.rank, tb.tb.id, tb.pc, st.type))
 
     def race(self, tb: _Tb, buf, off, a, what, other, other_what):
-        if ("race", tb.rank, a) in self.reported:
+        reported = self.call.reported
+        if ("race", tb.rank, a) in reported:
             return
-        self.reported.add(("race", tb.rank, a))
+        reported.add(("race", tb.rank, a))
         o = self.tbs[other[0]]
         self.add("race", f"{what} {buf}[{off}] while tb {o.tb.id} step {other[2]} ({o.steps[other[2]].type}) "
                          f"{other_what} it, and no dependency orders the two", tb)
@@ -303,6 +325,8 @@ class Machine(Interpreter):
         """Runs `tb` until it finishes (returns None) or blocks (returns what it waits for)."""
         steps = tb.steps
         self.cur = tb
+        calls = self.calls
+        single = len(calls) == 1
         while tb.pc < len(steps):
             st = steps[tb.pc]
             if not tb.waited:
@@ -316,7 +340,8 @@ class Machine(Interpreter):
             if kind.local:
                 if kind.acts:
                     tb.t += 1
-                    self.step(st)
+                    for self.call in calls:
+                        self.step(st)
             else:
                 recv, send = kind.receives, kind.sends
                 inc, out = tb.inc, tb.out
@@ -332,7 +357,13 @@ class Machine(Interpreter):
                         self.wake(("s", inc.id))
                         if snap is not None:
                             self.join(tb, snap)
-                    y = self.step(st, x, tb.sub, 1)
+                    if single:
+                        self.call = calls[0]
+                        y = [self.step(st, x[0] if recv else None, tb.sub, 1)]
+                    else:
+                        y = []
+                        for k, self.call in enumerate(calls):
+                            y.append(self.step(st, x[k] if recv else None, tb.sub, 1))
                     if send:
                         out.q.append((y, (tb.g, tb.t, tb.vc) if self.full else None))
                         self.wake(("d", out.id))
@@ -390,14 +421,24 @@ class Trace:
     order: tuple[tuple[int, int, int], ...]
 
 
-def trace(p: Program, inplace: bool = False, slots: int | None = None) -> Trace:
-    """Runs `p` as one call (in place or not) with `slots` messages in flight per connection
-    (default: the protocol's, SLOTS[proto]; UNBOUNDED for a transport that buffers them all)."""
-    addrs, size, init, enc = initial_memory(p, inplace)
+def traces(p: Program, kinds: tuple[bool, ...], slots: int | None = None) -> list[Trace]:
+    """Runs `p` once for each call kind in `kinds` (in place or not), with `slots` messages in flight
+    per connection (default: the protocol's, SLOTS[proto]; UNBOUNDED for a transport that buffers
+    them all). The calls share one schedule (Call): a program of a million steps is scheduled once."""
     conns = connections(p)
-    m = Machine(p, conns, addrs, size, init, enc, slots, full_clocks=False)
-    findings = m.run()
-    if any(f.rule == "race" for f in findings):  # maybe ordered through another rank: judge with full clocks
-        m = Machine(p, conns, addrs, size, init, enc, slots)
-        findings = m.run()
-    return Trace(tuple(findings), m.mem, addrs, enc, tuple(m.order))
+    calls = [Call(p, inplace) for inplace in kinds]
+    m = Machine(p, conns, calls, slots, full_clocks=False)
+    m.run()
+    raced = [k for k, c in enumerate(calls) if any(f.rule == "race" for f in c.findings)]
+    if raced:  # maybe ordered through another rank: judge those calls again with full clocks
+        again = [Call(p, kinds[k]) for k in raced]
+        Machine(p, conns, again, slots).run()
+        for k, c in zip(raced, again):
+            calls[k] = c
+    order = tuple(m.order)
+    return [Trace(tuple(c.findings), c.mem, c.addrs, c.enc, order) for c in calls]
+
+
+def trace(p: Program, inplace: bool = False, slots: int | None = None) -> Trace:
+    """Runs `p` as one call (in place or not): `traces` for one kind."""
+    return traces(p, (inplace,), slots)[0]

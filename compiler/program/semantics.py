@@ -54,20 +54,17 @@ class StepKind:
     reads_src: bool
     writes_dst: bool
     reduces: bool
+    local: bool  # neither sends nor receives: runs without a connection (cpy, re, nop)
+    acts: bool  # touches memory or a connection (everything but a nop)
 
-    @property
-    def local(self) -> bool:
-        """Neither sends nor receives: runs without a connection (cpy, re, nop)."""
-        return not (self.receives or self.sends)
-
-    @property
-    def acts(self) -> bool:
-        """Touches memory or a connection (everything but a nop)."""
-        return self.receives or self.sends or self.reads_src or self.writes_dst
+    @classmethod
+    def of(cls, t: str) -> "StepKind":
+        receives, sends, reads, writes = t in RECVS, t in SENDS, t in READS_SRC, t in WRITES_DST
+        return cls(t, receives, sends, reads, writes, t in REDUCES, not (receives or sends),
+                   receives or sends or reads or writes)
 
 
-KINDS: dict[str, StepKind] = {t: StepKind(t, t in RECVS, t in SENDS, t in READS_SRC, t in WRITES_DST, t in REDUCES)
-                              for t in STEP_TYPES}
+KINDS: dict[str, StepKind] = {t: StepKind.of(t) for t in STEP_TYPES}
 
 
 class Interpreter:

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from compiler.model.demand import Chunk, Demand
 from compiler.model.program import Program
 from compiler.program.findings import Finding, finding
-from compiler.program.interpret import Encoding, trace
+from compiler.program.interpret import Encoding, Trace, traces
 from compiler.program.rules import STRUCTURAL, co_residency, static_findings
 from compiler.program.semantics import expected_chunks, root_candidates
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, judged_runtimes
 from compiler.gcpause import without_gc
 
-__all__ = ["Finding", "Verdict", "verify", "dynamic", "postcondition", "standard_demand"]
+__all__ = ["Finding", "Verdict", "verify", "dynamic", "dynamic_calls", "postcondition", "standard_demand"]
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,12 @@ def verify(program: Program, runtime: str = ALL, demand: Demand | None = None, s
     findings += co_residency(program, sms)
     if not any(f.rule in STRUCTURAL for f in findings):
         seen = set()
-        kinds = ([False] if program.outofplace or not program.inplace else []) + ([True] if program.inplace else [])
-        for inplace in kinds:
-            try:
-                got = dynamic(program, demand, inplace)
-            except Exception as e:  # a verifier bug must not pass a program, nor crash the caller
-                got = [finding("verifier-error", f"symbolic execution failed: {type(e).__name__}: {e}")]
+        kinds = ((False,) if program.outofplace or not program.inplace else ()) + ((True,) if program.inplace else ())
+        try:
+            runs = dynamic_calls(program, demand, kinds)
+        except Exception as e:  # a verifier bug must not pass a program, nor crash the caller
+            runs = [[finding("verifier-error", f"symbolic execution failed: {type(e).__name__}: {e}")]] * len(kinds)
+        for inplace, got in zip(kinds, runs):
             for f in got:
                 if f.message in seen:
                     continue
@@ -75,7 +75,15 @@ def dynamic(p: Program, demand: Demand | None, inplace: bool) -> list[Finding]:
     """Executes `p` as an in-place or out-of-place call and checks the postcondition: `demand`'s,
     or the standard collective's derived from the header (for a rooted one, the root that fits,
     trying first the rank that reads its input (broadcast, scatter) or writes its output (reduce, gather))."""
-    run = trace(p, inplace)
+    return dynamic_calls(p, demand, (inplace,))[0]
+
+
+def dynamic_calls(p: Program, demand: Demand | None, kinds: tuple[bool, ...]) -> list[list[Finding]]:
+    """`dynamic` for each call kind in `kinds`, the calls run together (interpret.traces)."""
+    return [_judged(p, demand, run) for run in traces(p, kinds)]
+
+
+def _judged(p: Program, demand: Demand | None, run: Trace) -> list[Finding]:
     findings, mem, addrs, enc = list(run.findings), run.memory, run.addresses, run.encoding
     if any(f.rule == "deadlock" for f in findings):
         return findings  # the outputs of a run that did not finish say nothing more
