@@ -344,8 +344,10 @@ def _gpus(codes: list[RankCode], demand: Demand) -> tuple[GpuProgram, ...]:
     i_ch, o_ch = demand.input_chunks, demand.output_chunks
     if demand.collective == CUSTOM:  # legacy's parser wants i_chunks = o_chunks = nchunksperloop (§2.2)
         i_ch = o_ch = max(1, i_ch, o_ch)
+    made: dict = {}  # equal steps share one Step (DraftStep.to_step)
     return tuple(
-        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks, tuple(tb.to_thread_block(i) for i, tb in enumerate(code.tbs)))
+        GpuProgram(code.rank, i_ch, o_ch, code.s_chunks,
+                   tuple(tb.to_thread_block(i, made) for i, tb in enumerate(code.tbs)))
         for code in codes)
 
 
