@@ -190,6 +190,18 @@ def test_notes_for_what_the_runtimes_reject():
     assert any("differs from its position" in n for n in read_xml(shifted).notes)
 
 
+def test_equal_steps_read_as_one_step_and_each_odd_spelling_keeps_its_note():
+    """The reader serves a step it has read to the same attributes again (Steps are frozen), but
+    never past a note: each step spelled in hexadecimal gets its own."""
+    text = to_xml(small_program())
+    p = read_xml(text)
+    steps = [s for g in p.gpus for tb in g.tbs for s in tb.steps]
+    assert len({id(s) for s in steps}) < len(steps) and p == small_program()
+    hexed = read_xml(text.replace('cnt="1"', 'cnt="0x1"'))
+    assert hexed.gpus == p.gpus
+    assert sum("hexadecimal" in n for n in hexed.notes) == len(steps) == text.count('cnt="1"')
+
+
 # ---- malformed input -------------------------------------------------------------------------------
 
 GOOD = to_xml(small_program())

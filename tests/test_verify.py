@@ -465,6 +465,29 @@ def test_order_through_another_rank_is_no_race():
     assert verify(p).ok
 
 
+def test_calls_run_together_find_what_each_finds_alone():
+    """traces runs the out-of-place and in-place calls on one schedule: for correct programs, a race
+    (judged again with full clocks), a deadlock and reads of undefined data in one call only, each
+    call's findings, memory and order are those of a run of its own."""
+    from compiler.program.interpret import trace, traces
+    p = ring_allgather_2tb()
+    racy = list(p.gpus[0].tbs[1].steps)
+    racy[2] = replace(racy[2], depid=-1, deps=-1)  # forwards o[3] without waiting for its receive
+    in_place_only = ring_allgather_1tb(inplace=True, outofplace=False)
+    in_place_only = replace(in_place_only, gpus=tuple(
+        replace(g, i_chunks=0, tbs=(replace(g.tbs[0], steps=g.tbs[0].steps[1:]),)) for g in in_place_only.gpus))
+    cases = [p, ring_reduce_scatter(), ring_allreduce(), edit(p, 0, 1, racy), direct_alltoall(n=2, f=3),
+             replace(in_place_only, outofplace=True)]
+    seen = set()
+    for p in cases:
+        both = traces(p, (False, True))
+        for got, inplace in zip(both, (False, True)):
+            alone = trace(p, inplace)
+            assert (got.findings, got.memory, got.order) == (alone.findings, alone.memory, alone.order)
+            seen |= {f.rule for f in got.findings}
+    assert {"race", "deadlock", "undefined-read"} <= seen
+
+
 def test_sparse_symbols_judge_as_the_ints_do(monkeypatch):
     """Past DENSE_BITS (large reduce-scatters) symbols are symbols.Sparse: the same verdicts."""
     import compiler.program.interpret as interpret
