@@ -22,7 +22,7 @@ that reports a race is repeated with full clocks, whose verdict stands.
 in which steps completed (the torch executor runs steps in that order, with slots=UNBOUNDED).
 `traces` runs a program's out-of-place and in-place calls together: which steps can run, and so
 the order and any deadlock, do not depend on the values they move, so one schedule drives both
-calls' memories (the verifier's symbolic run, twice, was a third of verifying 512 GPUs).
+calls' memories (the verifier's symbolic run, twice, was two thirds of verifying 512 GPUs).
 """
 
 from __future__ import annotations
@@ -120,10 +120,9 @@ class Call:
     found. The order steps run in does not depend on the values they move, so one schedule serves
     every call of a program (Machine.calls); only memory and the findings about it are per call."""
 
-    __slots__ = ("inplace", "addrs", "enc", "mem", "last_w", "reads", "findings", "reported")
+    __slots__ = ("addrs", "enc", "mem", "last_w", "reads", "findings", "reported")
 
     def __init__(self, p: Program, inplace: bool):
-        self.inplace = inplace
         self.addrs, size, init, self.enc = initial_memory(p, inplace)
         self.mem = [None] * size
         for a, v in init:
@@ -326,7 +325,6 @@ class Machine(Interpreter):
         steps = tb.steps
         self.cur = tb
         calls = self.calls
-        single = len(calls) == 1
         while tb.pc < len(steps):
             st = steps[tb.pc]
             if not tb.waited:
@@ -357,13 +355,9 @@ class Machine(Interpreter):
                         self.wake(("s", inc.id))
                         if snap is not None:
                             self.join(tb, snap)
-                    if single:
-                        self.call = calls[0]
-                        y = [self.step(st, x[0] if recv else None, tb.sub, 1)]
-                    else:
-                        y = []
-                        for k, self.call in enumerate(calls):
-                            y.append(self.step(st, x[k] if recv else None, tb.sub, 1))
+                    y = []
+                    for k, self.call in enumerate(calls):
+                        y.append(self.step(st, x[k] if recv else None, tb.sub, 1))
                     if send:
                         out.q.append((y, (tb.g, tb.t, tb.vc) if self.full else None))
                         self.wake(("d", out.id))
