@@ -84,8 +84,8 @@ class DraftStep:
 
     def to_step(self, made: dict | None = None) -> Step:
         """The frozen Step; with `made`, the one already made for the same fields, if any (a program
-        repeats few distinct steps: 58,523 of 553,472 at 512 GPUs, which then take a quarter of the
-        memory and pickle to the first process from the second in a third of the time)."""
+        repeats few distinct steps: 58,523 of 553,472 at 512 GPUs, where the program then pickles
+        to the first process from the second in 6.6 MB and 0.5 s, not 29.5 MB and 3.3 s)."""
         key = (self.type, self.src, self.dst, self.cnt, self.depid, self.deps, self.hasdep)
         if made is not None:
             step = made.get(key)
