@@ -19,11 +19,6 @@ class Sparse:
         return bool(self.parts)
 
     def __or__(self, other):
-        if other.__class__ is Sparse and len(self.parts) == 1 == len(other.parts):  # a reduction's partial sums
-            (j, m), = self.parts.items()
-            n = other.parts.get(j)
-            if n is not None:
-                return Sparse({j: m | n})
         if isinstance(other, int) and other == 0:
             return self
         if not isinstance(other, Sparse):
@@ -36,11 +31,6 @@ class Sparse:
     __ror__ = __or__
 
     def __and__(self, other):
-        if other.__class__ is Sparse and len(self.parts) == 1 == len(other.parts):
-            (j, m), = self.parts.items()
-            n = other.parts.get(j)
-            m = m & n if n is not None else 0
-            return Sparse({j: m}) if m else 0
         if isinstance(other, int) and other == 0:
             return 0
         if not isinstance(other, Sparse):
