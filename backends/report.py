@@ -8,7 +8,8 @@ and its MSCCL program do over time, and where the program loses time against the
 The page holds:
 - metrics: the schedule's (planned) and the program's time, algbw and busbw, against the ring
   baseline compiled through the same pipeline (same collective, topology, size, protocol and
-  runtimes) and the lower bound (compiler/analysis/bounds.py);
+  runtimes; its instances searched for RING_SECONDS at most) and the program floor that compile's
+  and simulate's `bound_ratio` divide by (compiler/analysis/bounds.py, simulate.program_floor);
 - per link, when it is busy in the schedule and in the program, side by side (a Gantt chart);
 - per rank, its thread blocks' busy and waiting time;
 - where the program waits: per link, how much later than planned it is done and how long sends
@@ -42,6 +43,7 @@ PACKAGE = "msccl-compile"  # setup.py's name
 EXTRA = "report"  # setup.py's extra that brings matplotlib
 INSTALL_HINT = f'pip install "{PACKAGE}[{EXTRA}]"'
 RING = "ring"  # the baseline planner
+RING_SECONDS = 10.0  # the ring baseline's instance search (unbounded, it took 30 s on DGX H100 x 4)
 FIGURES = ("metrics", "links", "threadblocks", "waits")  # file names of --png, in page order
 MAX_LINK_ROWS = 64  # links drawn in the Gantt chart (beyond that: those that wait, then the busiest)
 MAX_TB_ROWS = 128  # thread blocks drawn one per row; beyond that, one row per rank
@@ -123,14 +125,16 @@ def _with_vs_ring(rows: list[MetricRow]) -> tuple[MetricRow, ...]:
 def _ring_rows(topo: Topology, demand, lower_options, runtime: str, collective: str, nbytes: float,
                bound_s: float | None) -> tuple[list[MetricRow], str | None]:
     """The ring baseline for the same demand (a Demand, or a function that makes it), planned and
-    lowered through the pipeline."""
+    lowered through the pipeline, its search over instances cut at RING_SECONDS."""
+    import time
     from compiler.pipeline import CompileOptions, compile_schedule
     from compiler.planners import PlanOptions, plan
     try:
         schedule = plan(topo, demand() if callable(demand) else demand, PlanOptions(method=RING))
     except CompileError as e:
         return [], f"ring baseline: no schedule ({e})"
-    options = CompileOptions(lower=replace(lower_options, name=None, min_bytes=0, max_bytes=0), runtime=runtime)
+    options = CompileOptions(PlanOptions(method=RING, deadline=time.perf_counter() + RING_SECONDS),
+                             replace(lower_options, name=None, min_bytes=0, max_bytes=0), runtime)
     note = None
     try:
         ring = compile_schedule(topo, schedule, options)
@@ -140,7 +144,10 @@ def _ring_rows(topo: Topology, demand, lower_options, runtime: str, collective: 
     rows = [_row("ring-plan", f"ring schedule (planned, {_chunks(schedule.demand)})", ring.planned.finish_time_s,
                  collective, n, nbytes, bound_s)]
     if ring.timing is not None:
-        rows.append(_row("ring-program", "ring program", ring.timing.finish_time_s, collective, n, nbytes, bound_s))
+        p = ring.program
+        rows.append(_row("ring-program", f"ring program ({p.proto}, {ring.realisation.instances} instance"
+                         f"{'s' if ring.realisation.instances > 1 else ''})", ring.timing.finish_time_s, collective,
+                         n, nbytes, bound_s))
     return rows, note
 
 
@@ -190,9 +197,8 @@ def report_for_result(result, lower_options=None, with_ring: bool = True) -> Rep
         rows += ring_rows
         if why:
             notes.append(why)
-    rows.append(MetricRow("bound", f"lower bound ({planned.binding})", bound_s, _per_second(nbytes, bound_s),
-                          None if collective == CUSTOM else _per_second(nbytes, bound_s) * bus_factor(collective, n),
-                          1.0))
+    from compiler.analysis.simulate import bound_of
+    rows.append(_bound_row(bound_of(topo, demand), bound_s, collective, n, nbytes))
     facts = [("collective", collective), ("hardware", f"{topo.name} ({topo.ngpus} GPUs)"),
              ("size", _size_fact(demand)), ("planner", f"{schedule.planner} ({schedule.status})")]
     if result.program is not None:
@@ -203,6 +209,18 @@ def report_for_result(result, lower_options=None, with_ring: bool = True) -> Rep
     title = f"{collective} on {topo.name}, {format_size(nbytes)}"
     return _finish(Report(title, tuple(facts), topo, collective, nbytes, _with_vs_ring(rows), program, plan,
                           tuple(link_rows(topo, program, plan)), tuple(notes), tuple(schedule.notes)))
+
+
+def _bound_row(bound, floor_s: float, collective: str, n: int, nbytes: float) -> MetricRow:
+    """The floor every ratio divides by: the alpha-beta bound, plus what every program pays under the
+    runtime cost model where that is more."""
+    label = f"lower bound ({bound.binding})"
+    if floor_s > bound.time_s * (1 + 1e-9):
+        label = (f"program floor (the alpha-beta bound, {format_time(bound.time_s)}, plus what every program pays "
+                 f"under the runtime cost model; binding: {bound.binding})")
+    algbw = _per_second(nbytes, floor_s)
+    return MetricRow("bound", label, floor_s, algbw, None if collective == CUSTOM else algbw * bus_factor(collective, n),
+                     1.0)
 
 
 def _size_fact(demand) -> str:
@@ -217,6 +235,7 @@ def report_for_program(program: Program, topo: Topology, size: int, source: str,
     """The page of an MSCCL program read from a file (size: as `msccl-compile simulate --size`
     takes it: nccl-tests' size, or one chunk of a custom program's demand)."""
     from compiler.analysis.bounds import lower_bound
+    from compiler.analysis.simulate import program_floor
     from compiler.lowering.lower import LowerOptions
     from compiler.model.demand import make_demand
     from compiler.pipeline import demand_chunks
@@ -227,22 +246,21 @@ def report_for_program(program: Program, topo: Topology, size: int, source: str,
         nbytes = size * demand_chunks(program.demand)[0]
     timeline = program_timeline(program, topo, call_bytes(program, size))
     notes = ["a bare program: there is no schedule to compare with; compile with --report to see both"]
-    bound_s, binding = None, ""
-    if collective in COLLECTIVES:
+    bound, bound_s = None, None
+    if collective in COLLECTIVES:  # the floor compile and simulate divide by
         bound = lower_bound(topo, collective, size)
-        bound_s, binding = bound.time_s, bound.binding
+        bound_s = program_floor(topo, bound)
     rows = [_row("program", "this program", timeline.finish, collective, n, nbytes, bound_s)]
     if with_ring and collective in COLLECTIVES:
-        ring_rows, why = _ring_rows(topo, lambda: make_demand(collective, n, size), LowerOptions(proto=program.proto),
-                                    ALL, collective, nbytes, bound_s)
+        ring_rows, why = _ring_rows(topo, lambda: make_demand(collective, n, size),
+                                    LowerOptions(proto=program.proto, instances=0), ALL, collective, nbytes, bound_s)
         rows += ring_rows
         if why:
             notes.append(why)
     elif with_ring:
         notes.append("no ring baseline or lower bound for a custom demand read from a file")
-    if bound_s is not None:
-        rows.append(MetricRow("bound", f"lower bound ({binding})", bound_s, _per_second(nbytes, bound_s),
-                              _per_second(nbytes, bound_s) * bus_factor(collective, n), 1.0))
+    if bound is not None:
+        rows.append(_bound_row(bound, bound_s, collective, n, nbytes))
     at = format_size(size) + (" per chunk" if collective == CUSTOM and program.demand is not None else "")
     facts = (("file", source), ("collective", collective), ("hardware", f"{topo.name} ({topo.ngpus} GPUs)"),
              ("size", at), ("program", f"{program.proto}, {program.nchannels} channel"

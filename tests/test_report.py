@@ -15,6 +15,7 @@ import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compiler.analysis.bounds import lower_bound
@@ -196,6 +197,22 @@ def test_bare_xml_report_and_png_dir(pages):
         assert png_ok(png) and png == images[f"fig-{name}"]
 
 
+def test_a_bare_files_page_holds_its_program_to_the_compiles_floor_and_ring(pages):
+    """The same file at the same size: its time, the ring baseline and the floor every ratio divides
+    by are the compile's, and `msccl-compile bound` prints that floor too."""
+    d, out, _ = pages
+    compiled = Page((d / "compiled.html").read_text(encoding="utf-8"))
+    bare = Page((d / "bare.html").read_text(encoding="utf-8"))
+    for key in ("program", "ring-program", "bound"):
+        assert bare.row("metrics-table", key) == compiled.row("metrics-table", key), key
+    assert float(bare.row("metrics-table", "bound")[0][1]["data-seconds"]) == pytest.approx(out["lower_bound_s"])
+    bound = run_cli("bound", "allgather", "--hw", "dgx-a100", "--size", "1MB", "--json", cwd=d)
+    assert bound.returncode == 0, bound.stderr
+    b = json.loads(bound.stdout)
+    assert b["program_floor_s"] == pytest.approx(out["lower_bound_s"], rel=1e-12)
+    assert b["time_s"] < b["program_floor_s"]  # the alpha-beta bound, below what any program pays
+
+
 def test_report_refuses_before_any_work(tmp_path):
     nothing = run_cli("report", "no.xml", "--hw", "dgx-a100", "--size", "1MB", cwd=tmp_path)
     assert nothing.returncode == 2 and "give -o FILE.html, --png DIR or both" in nothing.stderr
@@ -254,7 +271,15 @@ def test_timeline_replays_the_timer(topo, hw, method):
     sends = [s for s in prog.steps.values() if s.type in ("s", "rcs", "rrs", "rrcs")]
     assert len(sends) == result.timing.ntransfers
     rows = link_rows(t, prog, plan)
-    assert sum(r.prog_busy for r in rows) == pytest.approx(sum(b.end - b.start for b in prog.busy))
+    grid = np.linspace(0.0, prog.finish, 20001)  # busy: the time a link carries anything, measured on a grid
+    step = grid[1] - grid[0]
+    for r in rows:
+        holds = [(b.start, b.end) for b in prog.busy if b.link == r.link]
+        covered = np.zeros(grid.shape, dtype=bool)
+        for start, end in holds:
+            covered |= (grid >= start) & (grid < end)
+        assert r.prog_busy <= r.prog_end + 1e-15
+        assert r.prog_busy == pytest.approx(covered.sum() * step, abs=(2 * len(holds) + 2) * step), r.name
     chain = critical_path(prog)
     assert chain and chain[-1].key == prog.last
     # each sets the next one's start: by its end, or (a send that freed a link) by its hold's end

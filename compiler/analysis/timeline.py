@@ -24,6 +24,7 @@ or dependency), waiting for a link (ready, but every slot of a link on the path 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
@@ -125,9 +126,9 @@ class LinkRow:
     link: int
     name: str
     count: int
-    plan_busy: float | None  # slot-seconds held; None without a schedule
+    plan_busy: float | None  # seconds during which it carries at least one transfer; None without a schedule
     plan_end: float | None  # when its last hold ends
-    prog_busy: float
+    prog_busy: float  # seconds during which it carries at least one send (not summed over lanes)
     prog_end: float
     prog_wait: float  # seconds sends waited for this link
     prog_waits: int  # how many sends waited for it
@@ -338,12 +339,19 @@ def program_timeline(program: Program, topo: Topology, size_bytes: float) -> Pro
 
 def link_rows(topo: Topology, program: ProgramTimeline | None, plan: ScheduleTimeline | None) -> list[LinkRow]:
     """Every link either side uses, in link order."""
-    def sums(busy):
-        total: dict[int, float] = defaultdict(float)
-        last: dict[int, float] = defaultdict(float)
+    def sums(busy):  # per link: seconds with at least one hold (holds overlap: lanes, parallel links), last end
+        holds: dict[int, list[tuple[float, float]]] = defaultdict(list)
         for b in busy:
-            total[b.link] += b.end - b.start
-            last[b.link] = max(last[b.link], b.end)
+            holds[b.link].append((b.start, b.end))
+        total: dict[int, float] = {}
+        last: dict[int, float] = {}
+        for link, spans in holds.items():
+            covered, reach = 0.0, -math.inf
+            for start, end in sorted(spans):
+                if end > reach:
+                    covered += end - max(start, reach)
+                    reach = end
+            total[link], last[link] = covered, reach
         return total, last
 
     p_busy, p_end = sums(program.busy) if program else ({}, {})
