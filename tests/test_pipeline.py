@@ -81,6 +81,33 @@ def test_library_bands_are_where_the_programs_cross_over(topo):
         assert time_program(before, t, below).finish_time_s <= 1.01 * time_program(after, t, below).finish_time_s
 
 
+def test_library_gives_each_size_to_the_fastest_of_every_band_s_program(topo):
+    """A program planned for one band may be the fastest far from it: every size goes to the
+    fastest of all the programs planned (judged by the program timer at every doubling of the
+    size), not only its own band's and its neighbours'."""
+    from compiler.pipeline import _banded, size_bands
+    t = topo("fully-connected:4")
+    sizes = (1024, 4 * 2**20)
+    bands = size_bands(*sizes, 4)
+    assert len(bands) >= 5
+    planned = []
+    for k, (a, b) in enumerate(bands):  # ring everywhere but in the last band, where direct (faster everywhere)
+        method = "direct" if k == len(bands) - 1 else "ring"
+        planned.append(compile(t, make_demand("allgather", 4, b // 64 * 64), CompileOptions(
+            PlanOptions(method=method), LowerOptions(proto="Simple", instances=1, min_bytes=a, max_bytes=b))))
+    out = list(_banded(t, "allgather", planned, LibraryOptions(("allgather",), sizes, band_factor=4)))
+    programs = [r.program for r in planned]
+    grain = 4 * math.lcm(*(p.nchunksperloop for p in programs))
+    size = sizes[0]
+    while size <= sizes[1]:
+        at = max(grain, size // grain * grain)
+        mine = next(r.program for _, r, e in out if e["min_bytes"] <= at <= e["max_bytes"])
+        best = min(time_program(p, t, at).finish_time_s for p in programs)
+        assert time_program(mine, t, at).finish_time_s <= 1.01 * best, at
+        size *= 2
+    assert {e["method"] for _, _, e in out} == {"direct"}
+
+
 def test_lower_command_writes_the_schedule_s_program(tmp_path):
     run = lambda *a: run_cli(*a, cwd=tmp_path)  # noqa: E731
     assert run("allreduce", "--hw", "dgx1", "--size", "1MB", "--method", "ring", "-o", "a.xml",
