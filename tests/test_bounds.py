@@ -171,6 +171,7 @@ def test_cli_profiles_list_and_show_json():
     (("profiles", "show", "dgx2", "--nodes", "two"), "--nodes"),
     (("allgathr", "--hw", "dgx2"), "unknown command or collective 'allgathr'"),
     (("bound", "allgathr", "--hw", "dgx2"), "'allgathr' is not a collective"),
+    (("bound", "custom", "--hw", "dgx2"), "'custom' is a demand read from a file (msccl-compile custom --demand"),
     (("bound", "allgather", "--hw", "dgx2", "--size", "0"), "--size"),
     (("bound", "broadcast", "--hw", "dgx2", "--root", "16"), "--root 16: out of range"),
 ])

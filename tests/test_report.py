@@ -213,6 +213,18 @@ def test_a_bare_files_page_holds_its_program_to_the_compiles_floor_and_ring(page
     assert b["time_s"] < b["program_floor_s"]  # the alpha-beta bound, below what any program pays
 
 
+def test_a_file_for_another_gpu_count_is_refused_in_one_line_naming_it(pages):
+    d, _, _ = pages
+    for command in (["report", "a.xml", "--hw", "dgx2", "--size", "1MB", "-o", "wrong.html"],
+                    ["simulate", "a.xml", "--hw", "dgx2", "--size", "1MB"]):
+        proc = run_cli(*command, cwd=d)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == "msccl-compile: error: a.xml: ngpus=8, but --hw dgx2 has 16 GPUs\n", proc.stderr
+    assert not (d / "wrong.html").exists()
+    odd = run_cli("report", "a.xml", "--hw", "dgx-a100", "--size", "1000001B", "-o", "odd.html", cwd=d)
+    assert odd.returncode == 0 and "is not whole 4-byte elements" in odd.stderr  # as simulate warns
+
+
 def test_report_refuses_before_any_work(tmp_path):
     nothing = run_cli("report", "no.xml", "--hw", "dgx-a100", "--size", "1MB", cwd=tmp_path)
     assert nothing.returncode == 2 and "give -o FILE.html, --png DIR or both" in nothing.stderr

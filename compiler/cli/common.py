@@ -99,6 +99,25 @@ def load_topology(spec: str, nodes: int = 1) -> "Topology":
     return load(spec, nodes)
 
 
+def program_on(args):
+    """(program, topology) of a command that times FILE.xml on --hw/--nodes at --size: a file for
+    another GPU count is refused naming both, and a size the file's chunks cannot split into whole
+    4-byte elements is warned about (the runtimes would not use the file at that size)."""
+    from backends.msccl_xml import read_xml
+    from compiler.specs.collectives import CUSTOM
+    program = read_xml(args.file)
+    topo = load_topology(args.hw, args.nodes)
+    if program.ngpus != topo.ngpus:
+        raise ArgumentError(f"{args.file}: ngpus={program.ngpus}, but --hw {args.hw}"
+                            f"{f' --nodes {args.nodes}' if args.nodes > 1 else ''} has {topo.ngpus} GPUs")
+    warning = None
+    if program.collective != CUSTOM and args.size % (program.nchunksperloop * 4):
+        warning = (f"--size {args.size}B is not whole 4-byte elements in each of the file's {program.nchunksperloop} "
+                   "chunks (nchunksperloop): the runtimes would run NCCL's own algorithm at this size")
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    return program, topo, warning
+
+
 def lower_bound(topo, collective, size, root=None):
     from compiler.analysis.bounds import lower_bound as bound
     return bound(topo, collective, size, root)

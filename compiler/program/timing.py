@@ -99,7 +99,7 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     the thread block's work (its data's arrival included) is done, launch included, extrapolated
     over the iterations like the finish."""
     if program.ngpus != topo.ngpus:
-        raise CompileError(f"simulate: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
+        raise CompileError(f"{program.name}: the program is for {program.ngpus} GPUs, {topo.name} has {topo.ngpus}")
     costing = Costing.of(topo, program.proto if runtime_costs else None)
     chunk = size_bytes / program.nchunksperloop
     iterations = costing.iterations(chunk)

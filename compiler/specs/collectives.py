@@ -263,6 +263,9 @@ _SPELLINGS = {k: s.name for s in SPECS.values() for k in (s.name, *s.spellings)}
 def canonical(name: str) -> str:
     """'ReduceScatter', 'reduce-scatter', 'reducescatter' -> 'reduce_scatter' (msccl-tools spellings too)."""
     key = name.strip().lower()
+    if key == CUSTOM:  # not a spec: a demand file, which only `msccl-compile custom --demand FILE` reads
+        raise DemandError(f"collective: {name!r} is a demand read from a file (msccl-compile custom --demand FILE), "
+                          f"not one this takes (known: {', '.join(COLLECTIVES)})")
     if key not in _SPELLINGS:
         raise DemandError(f"collective: {name!r} is not a collective (known: {', '.join(COLLECTIVES)}, {CUSTOM})")
     return _SPELLINGS[key]

@@ -6,7 +6,7 @@ matplotlib (the `report` extra) is imported only when a report is written, never
 
 from __future__ import annotations
 
-from compiler.cli.common import ArgumentError, add_hw, emit_json, load_topology, size_arg
+from compiler.cli.common import ArgumentError, add_hw, emit_json, program_on, size_arg
 from compiler.specs.units import format_time
 
 HELP = "write one self-contained HTML page showing when an MSCCL XML file's links and thread blocks are busy"
@@ -39,10 +39,8 @@ def run(args) -> int:
     if not args.output and not args.png:
         raise ArgumentError("report: nothing to write: give -o FILE.html, --png DIR or both")
     check_outputs(args.output, args.png)
-    from backends.msccl_xml import read_xml
     from backends.report import report_for_program, write_report
-    program = read_xml(args.file)
-    topo = load_topology(args.hw, args.nodes)
+    program, topo, _ = program_on(args)
     report = report_for_program(program, topo, args.size, args.file, with_ring=not args.no_ring)
     written = write_report(report, args.output, args.png)
     out = summary(report, written)

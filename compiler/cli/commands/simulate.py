@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
-from compiler.cli.common import PROG, add_hw, busbw, emit_json, load_topology, lower_bound, size_arg
+from compiler.cli.common import add_hw, busbw, emit_json, lower_bound, program_on, size_arg
 from compiler.specs.collectives import COLLECTIVES, CUSTOM
 from compiler.specs.units import format_size, format_time
 
-HELP = "time an MSCCL XML file (ours or another tool's) under the alpha-beta model"
+HELP = "time an MSCCL XML file (ours or another tool's) under the runtime cost model"
 
 
 def configure(p) -> None:
@@ -21,11 +19,9 @@ def configure(p) -> None:
 
 
 def run(args) -> int:
-    from backends.msccl_xml import read_xml
     from compiler.pipeline import demand_chunks, per_second
     from compiler.program.timing import call_bytes, time_program
-    program = read_xml(args.file)
-    topo = load_topology(args.hw, args.nodes)
+    program, topo, warning = program_on(args)
     timing = time_program(program, topo, call_bytes(program, args.size))
     total, per_chunk = args.size, program.collective == CUSTOM and program.demand is not None
     if per_chunk:  # --size is one chunk of the demand
@@ -39,10 +35,8 @@ def run(args) -> int:
         out.update(busbw_GBps=busbw(program.collective, topo.ngpus, timing.algbw) / 1e9,
                    lower_bound_s=floor, bound_ratio=floor / timing.finish_time_s,
                    proto=program.proto, iterations=timing.iterations)
-    if program.collective != CUSTOM and args.size % (program.nchunksperloop * 4):
-        out["warning"] = (f"--size {args.size}B is not whole 4-byte elements in each of the file's {program.nchunksperloop} "
-                          "chunks (nchunksperloop): the runtimes would run NCCL's own algorithm at this size")
-        print(f"{PROG}: warning: {out['warning']}", file=sys.stderr)
+    if warning:
+        out["warning"] = warning
     if args.json:
         emit_json(out)
         return 0
