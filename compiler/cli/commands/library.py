@@ -74,7 +74,7 @@ def run(args) -> int:
     else:
         for e in lib.manifest["algorithms"]:
             other = e["runner_up"]
-            beside = (f"; runner-up {other['method']}/{other['chunks']}ch/{other['proto']}x{other['instances']}: "
+            beside = (f"; runner-up {other['method']}/{other['chunks']}ch/{other['proto']} x{other['instances']}: "
                       f"{other['slower']:.2f}x the time there" if other else "")
             print(f"{e['file']}: {format_size(e['min_bytes'])}..{format_size(e['max_bytes'])}, {e['method']} with "
                   f"{e['chunks']} chunk(s), {e['proto']} x{e['instances']}: {e['algbw_GBps']:.2f} GB/s at "
