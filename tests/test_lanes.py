@@ -104,6 +104,26 @@ def test_every_gpu_link_s_saturating_count_comes_before_the_doublings(topo):
     assert order[:2] == sorted(counts, reverse=True) and order[2:4] == [2, 4]
 
 
+@pytest.mark.parametrize("size,bandwidth_bound", [(2**30, True), (2**14, False)])
+def test_past_the_time_limit_the_one_count_lowered_is_the_likeliest_winner(topo, size, bandwidth_bound):
+    """Where lowering begins after the deadline, one count is lowered: for chunks that a thread block
+    takes longer than a step latency to move, the widest link's saturating count, faster than one
+    instance (measured by lowering both here); for latency-bound chunks, one instance."""
+    t = topo("dgx-h100", 2)
+    s = plan(t, make_demand("allgather", 16, size), PlanOptions(method="hier"))
+    r = realise(s, t, LowerOptions(proto="Simple", instances=0), "all", deadline=time.perf_counter() - 1)
+    assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
+    assert len({k for _, k, _ in r.tried}) == 1  # one count
+    if bandwidth_bound:
+        widest = max(saturating_counts(t, ("Simple",)))  # or the largest count above half of it that splits elements
+        assert widest / 2 < r.instances <= widest and (size // 16) % (4 * r.instances) == 0
+        assert "only %d, the count that saturates the widest GPU link" % r.instances in r.stopped
+        one = time_program(lower(s, t, LowerOptions(proto="Simple")), t, size).finish_time_s
+        assert r.timing.finish_time_s < 0.5 * one
+    else:
+        assert r.instances == 1 and (r.stopped is None or "only" not in r.stopped)
+
+
 def _placement_wins(s, topo, base: LowerOptions, note: str, gain: float, **variant):
     """Lower `s` with `base` and with `variant` on top: the variant's program verifies, says `note`
     (the base's does not), is timed at most `gain` x the base's, and realise (base's protocol and
