@@ -782,3 +782,21 @@ def test_a_swap_of_partial_sums_lowers_to_a_program_that_sums_every_contribution
     p = lower(s, t, LowerOptions(instances=instances))
     check_program(p, d.split(instances))
     assert p.inplace
+
+
+def test_a_path_out_of_a_node_and_back_into_it_is_refused_naming_the_transfer(topo):
+    """Links alone allow gpu0 -> its NIC -> the network -> another NIC -> gpu1 inside one node; no
+    runtime connects two GPUs of one node so (an optimiser's plan on MI250 x 2 once did, and the
+    program timer then failed with 'no path'). The same route to the other node is fine."""
+    t = topo("dgx-h100", 2)
+    d = make_demand("broadcast", 16, 2**20, 1, 0)
+    out = lambda dst: next(p for p in (  # noqa: E731
+        (0, a.dst, b.dst, c.dst, dst) for a in t.links if a.src == 0 and t.vertex_name(a.dst).startswith("nic")
+        for b in t.links if b.src == a.dst for c in t.links if c.src == b.dst and t.has_link(c.dst, dst)))
+    hops = [Transfer(0, 0, 1, out(1), 0, 1)] + [Transfer(0, 0, g, t.best_path(0, g), 1, 2) for g in range(2, 16)]
+    with pytest.raises(LoweringError, match=r"transfer 0 \(chunk 0, rank 0 -> 1\): path \['gpu0', 'nic0.tx@0', "
+                                            r"'network', .*leaves node 0 through the network and comes back"):
+        lower(Schedule(d, t.name, tuple(hops), 1e-6, 2, "hand"), t, LowerOptions())
+    across = [Transfer(0, 0, 8, out(8), 0, 1)] + [Transfer(0, 0, g, t.best_path(0, g), 1, 2) for g in range(1, 16)
+                                                 if g != 8]
+    assert verify(lower(Schedule(d, t.name, tuple(across), 1e-6, 2, "hand"), t, LowerOptions()), "all", d).ok

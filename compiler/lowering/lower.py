@@ -198,6 +198,15 @@ def check_transfers(schedule: Schedule, topology: Topology) -> None:
                 any(topology.is_gpu(v) for v in path[1:-1]) or not all(topology.has_link(a, b)
                                                                         for a, b in zip(path, path[1:]))):
             raise LoweringError(f"{_transfer(k, t)}: path {list(path)} is not a route of {topology.name}")
+        if path not in routes and path not in topology.paths(t.src, t.dst):  # what links alone do not rule out
+            names = [topology.vertex_name(v) for v in path]
+            if topology.node_of(t.src) != topology.node_of(t.dst) or \
+                    not any(topology.switch(v).kind == "network" for v in path[1:-1]):
+                raise LoweringError(f"{_transfer(k, t)}: path {names} is not a route of {topology.name}")
+            raise LoweringError(f"{_transfer(k, t)}: path {names} leaves node {topology.node_of(t.src)} through the "
+                                "network and comes back into it; the runtimes connect two GPUs of one node inside the "
+                                "node (an optimiser's plan can route so where a node's GPUs are not all linked: try "
+                                "another --method or --chunks)")
         routes.add(path)
         if (t.src, t.chunk) not in holds:
             raise LoweringError(f"{_transfer(k, t)}: rank {t.src} does not hold the chunk yet")
