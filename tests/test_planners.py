@@ -243,3 +243,29 @@ def test_auto_says_a_reason_shared_by_candidates_once():
     assert said == [f"milp at 2x, milp at 4x{WRITTEN}{why}", "lp: no schedule within 9 epochs",
                     f"hier at 1x{WRITTEN}rank 0 needs 99 thread blocks"]
     assert "; ".join(said).count(why) == 1
+
+
+def test_no_copy_leaves_a_node_through_the_network_and_comes_back(topo):
+    """The network constraint refuses a chunk sent into the network by node 0 and out of it into
+    node 0 again (topology.paths never offers that route), and allows the same copy into node 1;
+    extraction re-pairs two such round trips of one chunk and epoch into two crossings."""
+    import numpy as np
+    from compiler.model.schedule import Transfer
+    from compiler.planners.constraints import network_sends_a_node_what_other_nodes_sent
+    from compiler.planners.flows import Flows, link_ends
+    t = topo("dgx-h100", 2)
+    v = t.vertex_id
+    link = lambda a, b: next(i for i, l in enumerate(t.links) if (l.src, l.dst) == (v(a), v(b)))  # noqa: E731
+    l_src, l_dst = link_ends(t)
+    for into, ok in (("nic1.rx@0", False), ("nic1.rx@1", True)):
+        ls = [link("gpu0", "nic0.tx@0"), link("nic0.tx@0", "network"), link("network", into)]
+        flows = Flows(np.zeros(3, dtype=np.int64), np.array(ls), np.zeros(3, dtype=np.int64))
+        (m,) = network_sends_a_node_what_other_nodes_sent(t, flows, l_src, l_dst, np.ones(3))
+        assert bool(np.all(m)) == ok, into
+    te = expand(t, make_demand("broadcast", 16, 2**20, 1, 0))
+    route = lambda *names: tuple(v(n) for n in names)  # noqa: E731
+    loops = [Transfer(0, 0, 1, route("gpu0", "nic0.tx@0", "network", "nic1.rx@0", "gpu1"), 0, 1),
+             Transfer(0, 8, 9, route("gpu8", "nic0.tx@1", "network", "nic1.rx@1", "gpu9"), 0, 1)]
+    fixed = milp._without_round_trips(loops, t, te)
+    assert [(x.src, x.dst) for x in fixed] == [(0, 9), (8, 1)]
+    assert all(x.path in t.paths(x.src, x.dst) and x.arrive == x.start + te.path_arrival(t, x.path) for x in fixed)

@@ -107,6 +107,36 @@ def switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
     return cons
 
 
+def network_sends_a_node_what_other_nodes_sent(topo, flows, l_src, l_dst, F):
+    """No round trip through the network: what a network switch sends into node X in epoch k, per
+    chunk, is at most what the other nodes sent it then (topology.paths: two GPUs of one node never
+    talk through the network). With the switch's conservation this is Hall's condition for pairing
+    every copy that leaves with one that entered from another node (milp.extract pairs them so)."""
+    net = np.array([False] * topo.ngpus + [w.kind == "network" for w in topo.switches])
+    node = np.array([topo.node_of(g) for g in range(topo.ngpus)] + [w.node for w in topo.switches])
+    out = np.nonzero(net[l_src[flows.l]])[0]
+    if not len(out):
+        return []
+    into = np.nonzero(net[l_dst[flows.l]])[0]
+    nv, kk = topo.nvertices, int(flows.k.max()) + 2
+    at = lambda idx, w: (flows.q[idx].astype(np.int64) * nv + w) * kk + flows.k[idx]  # noqa: E731 (chunk, switch, epoch)
+    sent_from: dict[int, list[tuple[int, int]]] = {}
+    for i, key, x in zip(into, at(into, l_dst[flows.l[into]]), node[l_src[flows.l[into]]]):
+        sent_from.setdefault(int(key), []).append((int(i), int(x)))
+    rows, cols, vals = [], [], []
+    for o, key, x in zip(out, at(out, l_src[flows.l[out]]), node[l_dst[flows.l[out]]]):
+        row = int(key) * (topo.nodes + 1) + int(x)
+        rows.append(row), cols.append(int(o)), vals.append(1.0)
+        for i, y in sent_from.get(int(key), ()):
+            if y != x:
+                rows.append(row), cols.append(i), vals.append(-1.0)
+    # a row lists an incoming flow once per outgoing flow into that node: the duplicates sum, so keep them once
+    entries = dict.fromkeys(zip(rows, cols, vals))
+    r, c, v = (np.array(z) for z in zip(*entries))
+    m, _ = rows_matrix(r, c, v, len(flows))
+    return [m @ F <= 0]
+
+
 def link_capacity_over_window(flows, te: TimeExpansion, horizon, F, link_images=None, busy=None):
     """For every link and epoch: chunks started in the last window[l] epochs <= capacity[l], less
     what `busy` (links, horizon) says earlier flows outside the model still hold there.

@@ -29,7 +29,8 @@ from compiler.planners.flows import Flows, distances, link_ends, useful_flows
 from compiler.planners.reductions import SYMMETRY, Orbits, Problem
 from compiler.planners.constraints import (buffer_equals_previous_plus_arrivals, early_delivery,
                                            every_destination_holds_by_horizon, link_capacity_over_window,
-                                           send_only_what_is_held, switch_forwards_what_enters)
+                                           network_sends_a_node_what_other_nodes_sent, send_only_what_is_held,
+                                           switch_forwards_what_enters)
 
 MAX_FLOWS = 400_000  # beyond this, building the CVXPY model alone takes minutes
 FLOW_PENALTY = 1e-3  # per flow: removes useless transfers, never outweighs one epoch of earliness
@@ -116,6 +117,7 @@ def build(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, multi
     cons += buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B, landing)
     cons += send_only_what_is_held(flows, b_pos, l_src, is_gpu, held, F, B, f_ub)
     cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, multicast, F)
+    cons += network_sends_a_node_what_other_nodes_sent(topo, flows, l_src, l_dst, F)
     cons += link_capacity_over_window(flows, te, K, F, link_images, busy)
     if start is None:
         cons += every_destination_holds_by_horizon(src, dst, b_pos, K, B)
@@ -182,7 +184,36 @@ def extract(model: Model, topo: Topology, te: TimeExpansion) -> list[Transfer]:
         for path in routes:
             transfers.append(Transfer(model.chunk_ids[q], path[0], path[-1], path, k,
                                       k + te.path_arrival(topo, path), False, g))
-    return transfers
+    return _without_round_trips(transfers, topo, te)
+
+
+def _without_round_trips(transfers: list[Transfer], topo: Topology, te: TimeExpansion) -> list[Transfer]:
+    """Copies of one chunk through a network switch in one epoch are paired in the order found;
+    where a pairing leaves a node and comes back (network_sends_a_node_what_other_nodes_sent makes
+    another pairing exist), swap what follows the switch with a copy from and to other nodes."""
+    net = {topo.ngpus + j for j, w in enumerate(topo.switches) if w.kind == "network"}
+    through: dict[tuple, list[int]] = {}
+    for n, t in enumerate(transfers):
+        w = next((i for i, v in enumerate(t.path) if v in net), None)
+        if w is not None and t.group < 0:
+            through.setdefault((t.chunk, t.start, t.path[w]), []).append(n)
+    out = list(transfers)
+    node = topo.node_of
+    for members in through.values():
+        for a in members:
+            ta = out[a]
+            if node(ta.src) != node(ta.dst):
+                continue
+            b = next((b for b in members if node(out[b].src) != node(ta.src) and node(out[b].dst) != node(ta.src)),
+                     None)
+            if b is None:
+                continue  # lowering refuses it, naming the transfer
+            tb = out[b]
+            wa, wb = (next(i for i, v in enumerate(t.path) if v in net) for t in (ta, tb))
+            pa, pb = ta.path[:wa] + tb.path[wb:], tb.path[:wb] + ta.path[wa:]
+            out[a] = replace(ta, dst=pa[-1], path=pa, arrive=ta.start + te.path_arrival(topo, pa))
+            out[b] = replace(tb, dst=pb[-1], path=pb, arrive=tb.start + te.path_arrival(topo, pb))
+    return out
 
 
 def _routes(topo, pool, copy, q, k, path):
