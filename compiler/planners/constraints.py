@@ -6,7 +6,8 @@ start of epoch k, located by b_pos), plus the early-delivery objective.
 The MILP (milp.build) states all of them; the rounds planner's windows state them through
 milp.build too. The fluid LP (lp.FluidModel) states its own conservation, capacity and demand
 (fluid amounts per epoch, not binary holdings over a sliding window) and shares only the switch
-equation, which is the same in both: what leaves a plain switch in an epoch entered it in that epoch.
+equations, which are the same in both: what leaves a plain switch in an epoch entered it in that
+epoch, and a network switch sends a node only what other nodes sent it.
 """
 
 from __future__ import annotations

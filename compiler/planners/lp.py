@@ -32,7 +32,7 @@ from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry
 from compiler.planners.flows import distances, link_ends, rows_matrix, useful_flows
-from compiler.planners.constraints import switch_forwards_what_enters
+from compiler.planners.constraints import network_sends_a_node_what_other_nodes_sent, switch_forwards_what_enters
 from compiler.planners.reductions import Routes, Symmetric, orbits
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
@@ -82,6 +82,7 @@ class FluidModel:
         cons += sources_start_with_all(self.h_pos, self.sources, amount, H)
         # switches forward in the same epoch what enters them (the MILP's equation, no switch copies)
         cons += switch_forwards_what_enters(topo, flows, l_src, l_dst, is_gpu, False, f)
+        cons += network_sends_a_node_what_other_nodes_sent(topo, flows, l_src, l_dst, f)  # no round trip through it
         cons += fluid_link_capacity(flows, rate, K, f, sym)
         cons += destinations_hold_what_they_are_owed(self.h_pos, amount, H)
         delivered, cons_d = early_delivery(self.h_pos, amount, H)
