@@ -834,12 +834,7 @@ def _out_of_time_count(schedule: Schedule, topology: Topology, proto: str, fits:
     that saturates the widest GPU link, as the search tries it second (DGX H100 x 2 allgather 1 GB at
     a 3 s limit: one instance made 6.59 ms against a plan of 1.96); None where one instance is as
     likely (latency-bound chunks)."""
-    costing = Costing.of(topology, proto)
-    if costing.cost is None:
-        return None
-    kinds = {l.kind or "nvlink" for l in topology.links}
-    chunk = schedule.demand.chunk_bytes
-    if all(chunk / costing.tb_rate(kind) < costing.step(kind) for kind in kinds):
+    if Costing.of(topology, proto).cost is None or _chunks_latency_bound(schedule.demand.chunk_bytes, proto, topology):
         return None
     order, _ = whole_counts(saturating_counts(topology, (proto,)), set(), fits)
     return order[0] if order and order[0] > 1 else None
@@ -849,11 +844,15 @@ def _latency_bound(timing: ProgramTiming, topology: Topology, every: bool = True
     """Whether the program's chunks take a thread block less time than one step's latency on every
     link kind of the topology (its protocol's rates): splitting them over more instances cannot pay.
     every=False: on some link kind (a large program's sends may then gain from going unpaced)."""
-    costing = Costing.of(topology, timing.proto)
+    return _chunks_latency_bound(timing.chunk_bytes, timing.proto, topology, every)
+
+
+def _chunks_latency_bound(chunk_bytes: float, proto: str, topology: Topology, every: bool = True) -> bool:
+    costing = Costing.of(topology, proto)
     if costing.cost is None:
         return False
     kinds = {l.kind or "nvlink" for l in topology.links}
-    return (all if every else any)(timing.chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
+    return (all if every else any)(chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
 
 
 def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:

@@ -193,8 +193,9 @@ def _without_round_trips(transfers: list[Transfer], topo: Topology, te: TimeExpa
     another pairing exist), swap what follows the switch with a copy from and to other nodes."""
     net = {topo.ngpus + j for j, w in enumerate(topo.switches) if w.kind == "network"}
     through: dict[tuple, list[int]] = {}
+    at = lambda t: next((i for i, v in enumerate(t.path) if v in net), None)  # noqa: E731 (the switch's place)
     for n, t in enumerate(transfers):
-        w = next((i for i, v in enumerate(t.path) if v in net), None)
+        w = at(t)
         if w is not None and t.group < 0:
             through.setdefault((t.chunk, t.start, t.path[w]), []).append(n)
     out = list(transfers)
@@ -209,7 +210,7 @@ def _without_round_trips(transfers: list[Transfer], topo: Topology, te: TimeExpa
             if b is None:
                 continue  # lowering refuses it, naming the transfer
             tb = out[b]
-            wa, wb = (next(i for i, v in enumerate(t.path) if v in net) for t in (ta, tb))
+            wa, wb = at(ta), at(tb)
             pa, pb = ta.path[:wa] + tb.path[wb:], tb.path[:wb] + ta.path[wa:]
             out[a] = replace(ta, dst=pa[-1], path=pa, arrive=ta.start + te.path_arrival(topo, pa))
             out[b] = replace(tb, dst=pb[-1], path=pb, arrive=tb.start + te.path_arrival(topo, pb))
