@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
+from compiler.analysis.simulate import bound_of, program_floor
 from compiler.analysis.timeline import (LinkRow, ProgramTimeline, ScheduleTimeline, StepTime, critical_path,
                                         link_rows, program_timeline, schedule_timeline, worst_link_waits)
 from compiler.fileio import atomic_write, make_directory
@@ -197,7 +198,6 @@ def report_for_result(result, lower_options=None, with_ring: bool = True) -> Rep
         rows += ring_rows
         if why:
             notes.append(why)
-    from compiler.analysis.simulate import bound_of
     rows.append(_bound_row(bound_of(topo, demand), bound_s, collective, n, nbytes))
     facts = [("collective", collective), ("hardware", f"{topo.name} ({topo.ngpus} GPUs)"),
              ("size", _size_fact(demand)), ("planner", f"{schedule.planner} ({schedule.status})")]
@@ -235,7 +235,6 @@ def report_for_program(program: Program, topo: Topology, size: int, source: str,
     """The page of an MSCCL program read from a file (size: as `msccl-compile simulate --size`
     takes it: nccl-tests' size, or one chunk of a custom program's demand)."""
     from compiler.analysis.bounds import lower_bound
-    from compiler.analysis.simulate import program_floor
     from compiler.lowering.lower import LowerOptions
     from compiler.model.demand import make_demand
     from compiler.pipeline import demand_chunks

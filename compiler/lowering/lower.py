@@ -194,23 +194,23 @@ def check_transfers(schedule: Schedule, topology: Topology) -> None:
         if t.own and not (t.reduce and t.src in demand.chunks[t.chunk].sources):
             raise LoweringError(f"{_transfer(k, t)}: sends rank {t.src}'s own contribution, which it does not have")
         path = t.path
-        if len(path) < 2 or path[0] != t.src or path[-1] != t.dst or path not in routes and (
-                any(topology.is_gpu(v) for v in path[1:-1]) or not all(topology.has_link(a, b)
-                                                                        for a, b in zip(path, path[1:]))):
-            raise LoweringError(f"{_transfer(k, t)}: path {list(path)} is not a route of {topology.name}")
-        if path not in routes and path not in topology.paths(t.src, t.dst):  # what links alone do not rule out
-            names = [topology.vertex_name(v) for v in path]
-            if topology.node_of(t.src) != topology.node_of(t.dst) or \
-                    not any(topology.switch(v).kind == "network" for v in path[1:-1]):
-                raise LoweringError(f"{_transfer(k, t)}: path {names} is not a route of {topology.name}")
-            raise LoweringError(f"{_transfer(k, t)}: path {names} leaves node {topology.node_of(t.src)} through the "
-                                "network and comes back into it; the runtimes connect two GPUs of one node inside the "
-                                "node (an optimiser's plan can route so where a node's GPUs are not all linked: try "
-                                "another --method or --chunks)")
+        if path[:1] != (t.src,) or path[-1:] != (t.dst,) or path not in routes and \
+                path not in topology.paths(t.src, t.dst):  # the topology's routes: switches only, no round trip
+            raise LoweringError(f"{_transfer(k, t)}: {_not_a_route(path, t, topology)}")
         routes.add(path)
         if (t.src, t.chunk) not in holds:
             raise LoweringError(f"{_transfer(k, t)}: rank {t.src} does not hold the chunk yet")
         holds.add((t.dst, t.chunk))
+
+
+def _not_a_route(path: tuple[int, ...], t: Transfer, topology: Topology) -> str:
+    inner = path[1:-1] if path[:1] == (t.src,) and path[-1:] == (t.dst,) else ()
+    if topology.node_of(t.src) == topology.node_of(t.dst) and inner and \
+            all(not topology.is_gpu(v) for v in inner) and any(topology.switch(v).kind == "network" for v in inner):
+        return (f"path {[topology.vertex_name(v) for v in path]} leaves node {topology.node_of(t.src)} through the "
+                "network and comes back into it; the runtimes connect two GPUs of one node inside the node (an "
+                "optimiser's plan can route so where a node's GPUs are not all linked: try another --method or --chunks)")
+    return f"path {list(path)} is not a route of {topology.name}"
 
 
 def _transfer(k: int, t: Transfer) -> str:
