@@ -62,7 +62,9 @@ CASES = [(name, "hub-and-spoke:4") for name in NAMES] + \
 @pytest.mark.parametrize("name,hw", CASES)
 def test_every_collective_end_to_end(tmp_path, name, hw):
     """Every collective, each spelling on the small topology, each collective once on MI250."""
-    out = compile_json(tmp_path, name, "--hw", hw, "--size", "1MB", "--time-limit", "20", "-o", "a.xml")
+    # a short limit: what is checked is that every collective plans, lowers, verifies and writes, not
+    # how good its program is (tests/test_program_costs.py and the benchmarks judge that)
+    out = compile_json(tmp_path, name, "--hw", hw, "--size", "1MB", "--time-limit", "5", "-o", "a.xml")
     assert out["verified"] and out["xml"] == "a.xml"
     text = (tmp_path / "a.xml").read_text()
     etree.fromstring(text.encode())
