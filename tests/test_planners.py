@@ -269,3 +269,28 @@ def test_no_copy_leaves_a_node_through_the_network_and_comes_back(topo):
     fixed = milp._without_round_trips(loops, t, te)
     assert [(x.src, x.dst) for x in fixed] == [(0, 9), (8, 1)]
     assert all(x.path in t.paths(x.src, x.dst) and x.arrive == x.start + te.path_arrival(t, x.path) for x in fixed)
+
+
+def test_the_lp_route_walk_never_comes_back_through_the_network(topo):
+    """The LP's flows summed over epochs: rank 0's data into the network from node 0 and out of it
+    into node 0 and into node 1. Its route to rank 9 crosses; its route to rank 1 does not come back
+    through the network (topology.paths has no such route: lowering refuses it) but goes the direct
+    way inside node 0 (the old walk routed it gpu0 -> network -> gpu1)."""
+    from types import SimpleNamespace
+    import numpy as np
+    from compiler.planners import lp
+    from compiler.planners.flows import Flows
+    t = topo("dgx-h100", 2)
+    v = t.vertex_id
+    link = lambda a, b: next(i for i, l in enumerate(t.links) if (l.src, l.dst) == (v(a), v(b)))  # noqa: E731
+    ls = [link("gpu0", "nic0.tx@0"), link("nic0.tx@0", "network"), link("network", "nic1.rx@0"),
+          link("nic1.rx@0", "gpu1"), link("network", "nic1.rx@1"), link("nic1.rx@1", "gpu9")]
+    flows = Flows(np.zeros(6, dtype=np.int64), np.array(ls), np.zeros(6, dtype=np.int64))
+    amount = np.zeros((1, t.ngpus))
+    amount[0, [1, 9]] = 1.0
+    model = SimpleNamespace(flows=flows, f=SimpleNamespace(value=np.array([2.0, 2.0, 1.0, 1.0, 1.0, 1.0])),
+                            sources=np.array([0]), amount=amount, horizon=4, sym=None)
+    got = lp.routes(model, t)
+    assert [p for p, _, _ in got[(0, 9)]] == [tuple(v(n) for n in ("gpu0", "nic0.tx@0", "network", "nic1.rx@1", "gpu9"))]
+    ((to_1, chunks, _),) = got[(0, 1)]
+    assert v("network") not in to_1 and to_1 in t.paths(0, 1) and chunks == 1.0

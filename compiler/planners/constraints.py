@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from compiler.model.timing import TimeExpansion
-from compiler.planners.flows import occupancy, rows_matrix
+from compiler.planners.flows import network_nodes, occupancy, rows_matrix
 
 
 def buffer_equals_previous_plus_arrivals(flows, b_pos, l_dst, arrival, is_gpu, nf, nb, F, B, landing=None):
@@ -113,8 +113,7 @@ def network_sends_a_node_what_other_nodes_sent(topo, flows, l_src, l_dst, F):
     chunk, is at most what the other nodes sent it then (topology.paths: two GPUs of one node never
     talk through the network). With the switch's conservation this is Hall's condition for pairing
     every copy that leaves with one that entered from another node (milp.extract pairs them so)."""
-    net = np.array([False] * topo.ngpus + [w.kind == "network" for w in topo.switches])
-    node = np.array([topo.node_of(g) for g in range(topo.ngpus)] + [w.node for w in topo.switches])
+    net, node = network_nodes(topo)
     out = np.nonzero(net[l_src[flows.l]])[0]
     if not len(out):
         return []

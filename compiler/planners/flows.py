@@ -141,6 +141,13 @@ def link_ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([l.src for l in topo.links]), np.array([l.dst for l in topo.links]))
 
 
+def network_nodes(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """Per vertex: whether it is a network switch, and its node (a GPU's, a switch's own)."""
+    net = np.array([False] * topo.ngpus + [w.kind == "network" for w in topo.switches])
+    node = np.array([topo.node_of(g) for g in range(topo.ngpus)] + [w.node for w in topo.switches])
+    return net, node
+
+
 def rows_matrix(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, ncols: int) -> tuple[sp.csr_matrix, np.ndarray]:
     """Sparse matrix with one row per distinct key in `rows` (keys renumbered densely)."""
     keys, inverse = np.unique(rows, return_inverse=True)

@@ -31,7 +31,7 @@ from compiler.planners.registry import register
 from compiler.planners.options import PlanOptions
 from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry
-from compiler.planners.flows import distances, link_ends, rows_matrix, useful_flows
+from compiler.planners.flows import distances, link_ends, network_nodes, rows_matrix, useful_flows
 from compiler.planners.constraints import network_sends_a_node_what_other_nodes_sent, switch_forwards_what_enters
 from compiler.planners.reductions import Routes, Symmetric, orbits
 
@@ -189,6 +189,7 @@ def routes(model: FluidModel, topo: Topology) -> Routes:
     f = model.flows
     val = np.asarray(model.f.value)
     out: dict[tuple[int, int], list] = {}
+    ends = network_nodes(topo)
     for qi, s in enumerate(model.sources):
         sel = (f.q == qi) & (val > TOL)
         flow: dict[int, float] = {}
@@ -202,7 +203,7 @@ def routes(model: FluidModel, topo: Topology) -> Routes:
         for l in sorted(flow):
             out_links.setdefault(topo.links[l].src, []).append(l)
         while any(a > TOL for a in need.values()):
-            path, links = _walk(topo, int(s), flow, out_links, need)
+            path, links = _walk(topo, int(s), flow, out_links, need, ends)
             if path is None:
                 break
             v = min([flow[l] for l in links] + [need[path[-1]]])
@@ -216,8 +217,13 @@ def routes(model: FluidModel, topo: Topology) -> Routes:
     return out if model.sym is None else Symmetric.invert_routes(model.sym, out)
 
 
-def _walk(topo, s, flow, out_links, need):
-    """A path from s to a destination that still needs data, following positive flow (DFS)."""
+def _walk(topo, s, flow, out_links, need, ends):
+    """A path from s to a destination that still needs data, following positive flow (DFS), never
+    out of a network switch into the node it entered from (`ends`: network_nodes): the LP's flows
+    summed over epochs can pair a chunk's copy into the network with a copy out of it into the same
+    node, which the LP's equation pairs with another node's (topology.paths has no round trip, and
+    lowering refuses one; what the walk then leaves goes the best direct way)."""
+    net, node = ends
     stack = [(s, (s,), ())]
     seen = {s}
     while stack:
@@ -226,7 +232,7 @@ def _walk(topo, s, flow, out_links, need):
             return path, links
         for l in reversed(out_links.get(v, [])):
             w = topo.links[l].dst
-            if flow[l] > TOL and w not in seen:
+            if flow[l] > TOL and w not in seen and not (net[v] and node[w] == node[path[-2]]):
                 seen.add(w)
                 stack.append((w, path + (w,), links + (l,)))
     return None, None
