@@ -340,6 +340,7 @@ def test_a_link_between_nodes_outside_the_network_drops_the_node_cut_term():
     assert lower_bound(joined, "alltoall", 262144).across_s == 0.0
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("hw", ["dgx2", "dgx-h100"])
 def test_no_program_beats_the_node_cut_floor(hw):
     """The node cut term binds DGX-2 x 2 and DGX H100 x 2 alltoall, reduce-scatter and allgather

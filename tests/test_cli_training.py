@@ -2,6 +2,7 @@
 
 import json
 import re
+import pytest
 
 from backends.torch_dist import check_bands, msccl_env
 from tests.conftest import run_cli
@@ -29,6 +30,7 @@ def test_library_bands_are_contiguous_and_every_file_verifies(tmp_path):
     assert wrong.returncode == 2 and "does not match the world size 8" in wrong.stderr
 
 
+@pytest.mark.long
 def test_run_compares_with_torch_and_catches_a_broken_file(tmp_path):
     assert run_cli("allreduce", "--hw", "hub-and-spoke:4", "--method", "ring", "-o", "ar.xml", cwd=tmp_path).returncode == 0
     ok = run_cli("run", "ar.xml", "--nprocs", "4", "--size", "64KB", "--json", cwd=tmp_path)

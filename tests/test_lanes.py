@@ -395,6 +395,7 @@ def test_no_count_is_lowered_where_the_best_program_could_not_then_be_verified_a
         assert verify(r.program, "all", s.demand.split(r.instances), t.sms).ok
 
 
+@pytest.mark.long
 def test_a_protocol_close_behind_the_leader_gets_its_own_descent(topo, monkeypatch):
     """DGX A100 x 2 hier reduce-scatter, 256 MB in 4 chunks, at 10 instances: unpaced, LL128 leads
     Simple, so the descent from the unpaced program lowers LL128 (and LL) only; Simple with every

@@ -743,6 +743,7 @@ def test_peers_pair_on_a_block_only_where_their_steps_fit_under_a_cap():
     assert {p for p, _, _ in capped if p >= 0} == {1, 2, 3} and {p for _, p, _ in capped if p >= 0} == {1, 2, 3}
 
 
+@pytest.mark.long
 def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_not_fit(topo):
     """Rank 0 relays rank 1's 24 chunks for rank 2: paired by the forward, its block with send peer 2
     and receive peer 1 holds 72 steps, and two channel groups double its 35 peers' blocks past

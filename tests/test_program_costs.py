@@ -196,6 +196,7 @@ def test_auto_stops_once_a_program_is_good_enough(topo):
     assert quick.time_s <= floor / 0.9
 
 
+@pytest.mark.long
 def test_auto_keeps_a_program_no_slower_than_any_constructive_candidate_s(topo):
     """Where step latency binds, plans rank programs poorly (hier with 1 chunk plans slower than
     with 4, its program is faster); auto ranks the constructive candidates by their programs, so
@@ -657,6 +658,7 @@ def test_the_time_left_goes_to_candidates_whose_whole_judging_would_not_fit(monk
     assert (4, "rounds") in no_time.near and no_time.results[-1].program_s is None
 
 
+@pytest.mark.long
 def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatch):
     """realise remembers what it lowered and timed (LOWERED): realising a schedule again replays
     that at no cost, so a search its deadline cut, realised again without one, lowers only what it
@@ -683,6 +685,7 @@ def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatc
     assert resumed.program == uncut.program
 
 
+@pytest.mark.long
 def test_a_search_given_stall_ends_once_it_has_gone_as_long_again_without_a_gain(topo, monkeypatch):
     """auto's constructive judging gives realise `stall` (the optimisers' candidates wait): its
     search then ends once it has gone max(STALL_MIN_S, stall x the time to its latest gain) past that

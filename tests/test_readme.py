@@ -138,6 +138,7 @@ def _shims(bindir: Path) -> None:
         shim.chmod(0o755)
 
 
+@pytest.mark.long
 def test_cpu_examples_run_as_written(blocks, tmp_path):
     pytest.importorskip("torch")
     work = tmp_path / "checkout"

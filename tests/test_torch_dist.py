@@ -320,6 +320,7 @@ def test_select_algorithm(tmp_path):
 
 # ---- the DDP example -----------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_train_ddp_example_under_torchrun(library):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
            str(REPO / "examples" / "train_ddp.py"), "--algos", str(library), "--steps", "4", "--hidden", "32"]
