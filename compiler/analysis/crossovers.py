@@ -60,6 +60,10 @@ def crossover_bands(programs: Sequence[Program], topo: Topology, lo: int, hi: in
         return sorted(pick(size), key=lambda i: (time_of(i, size), i))
 
     grid = size_grid(lo, hi)
+    for i in range(len(programs)):  # program by program: the timer keeps only the last few programs' flattening
+        for size in grid:
+            if i in pick(size):
+                time_of(i, size)
     edges = [lo]  # first size of each band
     owners = [ranked(lo)[0]]
     for k in range(1, len(grid)):

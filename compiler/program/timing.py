@@ -78,6 +78,19 @@ class _Routes:
         self.topo, self.costing, self.known = topo, costing, {}
         self.lanes = [costing.lanes(l.bandwidth, l.kind or "nvlink") for l in topo.links]
 
+    @classmethod
+    def of(cls, topo: Topology, costing: Costing) -> "_Routes":
+        """The last few (topology, protocol) pairs' routes, by the topology's identity (the memo
+        keeps it alive): auto, realise and the library time dozens of programs on one topology,
+        and looking up each thread block's path again was a tenth of the timer."""
+        key = (id(topo), costing.proto)
+        hit = _ROUTES.get(key)
+        if hit is None or hit.topo is not topo or hit.costing != costing:
+            if len(_ROUTES) >= 8:
+                del _ROUTES[next(iter(_ROUTES))]
+            hit = _ROUTES[key] = cls(topo, costing)
+        return hit
+
     def get(self, a: int, b: int) -> tuple:
         if (a, b) not in self.known:
             topo = self.topo
@@ -108,7 +121,7 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     busiest: list[float] = []
     calls = [costing.calls(c, chunk) for c in range(MAX_COUNT + 2)]
     finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb, busiest, calls)
-    sends = sum(1 for g in program.gpus for tb in g.tbs for s in tb.steps if s.type in SENDS)
+    sends = _Flat.of(program).nsends
     launch = costing.launch if sends else 0.0
     # the iterations not timed pass the busiest link or thread block no faster than the timed ones
     finish = max(extrapolate(finished, iterations), finished[0] + (iterations - 1) * busiest[0]) + launch
@@ -159,7 +172,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     done_at: dict[int, float] = {}  # dependency target mark * iterations + iteration -> finish time
     queues: list[list[float]] = [[] for _ in range(flat.nconns)]  # per connection: arrival times, FIFO
     heads = [0] * flat.nconns
-    routes = _Routes(topo, costing)
+    routes = _Routes.of(topo, costing)
     route_of: list = [None] * ntbs  # per tb: routes.get of its send peer, when it first sends
     lanes = [[0.0] * (l.count * routes.lanes[i]) for i, l in enumerate(topo.links)]  # heap of free times
     held = [0.0] * len(topo.links)  # lane-seconds of holds per link
@@ -313,6 +326,7 @@ class _Flat:
         self.send_conn = [conns.setdefault((rank, tb.send, tb.chan), len(conns)) for rank, tb in self.tbs]
         self.recv_conn = [conns.setdefault((tb.recv, rank, tb.chan), len(conns)) for rank, tb in self.tbs]
         self.nconns = len(conns)
+        self.nsends = sum(1 for kinds in self.kinds for k in kinds if k & SEND)
 
     @classmethod
     def of(cls, program: Program) -> "_Flat":
@@ -328,3 +342,4 @@ class _Flat:
 
 
 _FLAT: dict[int, tuple] = {}
+_ROUTES: dict[tuple, _Routes] = {}
