@@ -18,7 +18,7 @@ directory stands in for the user's checkout after `pip install .`: it holds a co
 provides), and `msccl-compile`, `torchrun` and `python` are shims to this interpreter, so the code
 under test is this tree's whatever else is installed. Nothing is written into the checkout. Each
 block must exit 0 and print no `msccl-compile: error`. The README's examples are chosen to be
-quick (narrow size ranges, short time limits, 4 gloo processes): about 50 s on 2 cores.
+quick (narrow size ranges, short time limits, 4 gloo processes): about two minutes on 2 cores.
 """
 
 from __future__ import annotations
