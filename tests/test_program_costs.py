@@ -658,15 +658,15 @@ def test_the_time_left_goes_to_candidates_whose_whole_judging_would_not_fit(monk
     assert (4, "rounds") in no_time.near and no_time.results[-1].program_s is None
 
 
-@pytest.mark.long
 def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatch):
     """realise remembers what it lowered and timed (LOWERED): realising a schedule again replays
     that at no cost, so a search its deadline cut, realised again without one, lowers only what it
-    had not and writes the program a search never cut writes."""
+    had not and writes the program a search never cut writes. (DGX A100 direct 16 MB: 55 lowerings
+    in 1.5 s; DGX H100 x 2 hier, 81 in 13 s, showed the same.)"""
     import compiler.realise as R
     from compiler.realise import realise
-    t = topo("dgx-h100", 2)
-    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="hier"))
+    t = topo("dgx-a100")
+    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="direct"))
     lowered = []
     real_lower = R.lower
     monkeypatch.setattr(R, "lower", lambda *a, **k: lowered.append(1) or real_lower(*a, **k))
@@ -685,7 +685,6 @@ def test_a_realise_cut_by_its_deadline_goes_on_where_it_stopped(topo, monkeypatc
     assert resumed.program == uncut.program
 
 
-@pytest.mark.long
 def test_a_search_given_stall_ends_once_it_has_gone_as_long_again_without_a_gain(topo, monkeypatch):
     """auto's constructive judging gives realise `stall` (the optimisers' candidates wait): its
     search then ends once it has gone max(STALL_MIN_S, stall x the time to its latest gain) past that
@@ -697,8 +696,8 @@ def test_a_search_given_stall_ends_once_it_has_gone_as_long_again_without_a_gain
     from types import SimpleNamespace
     import compiler.realise as R
     from compiler.realise import STALL_LOWERING_S, STALL_MIN_S, realise
-    t = topo("dgx-h100", 2)
-    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="hier"))
+    t = topo("dgx-a100")
+    s = plan(t, make_demand("allgather", t.ngpus, 16 * 10**6), PlanOptions(method="direct"))
     clock = [0.0]
     monkeypatch.setattr(R, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     real_lower, real_time = R.lower, R.time_program
