@@ -130,6 +130,11 @@ def test_no_half_written_file_on_error(tmp_path):
     # bands of factor 1 never reach HI: the command ran until it was killed
     (("library", "--hw", "dgx-a100", "--sizes", "1KB:1MB", "--band-factor", "1", "-o", "lib"),
      "--band-factor: '1' must be >= 2"),
+    # a limit the platform's lock timeouts cannot hold: OverflowError after planning
+    (("allgather", "--hw", "dgx2", "--time-limit", "inf"), "--time-limit: 'inf' is not a finite number"),
+    (("allgather", "--hw", "dgx2", "--time-limit", "1e12"), "--time-limit: '1e12' must be <= 604800 (a week"),
+    (("library", "--hw", "dgx2", "--time-limit", "nan", "-o", "lib"), "--time-limit: 'nan' is not a finite number"),
+    (("bench", "allreduce", "--timeout", "-1"), "--timeout: '-1' must be >= 1"),
 ])
 def test_cli_errors(tmp_path, args, needle):
     proc = run_cli(*args, cwd=tmp_path)

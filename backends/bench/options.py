@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from compiler.cli.common import within_a_week
 from compiler.specs.collectives import COLLECTIVES
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import DEFAULT as DEFAULT_RUNTIME, NAMES as RUNTIMES
@@ -34,7 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="which side to measure (on GPUs under torchrun: one per launch)")
     p.add_argument("--default-from", metavar="FILE", help="take the default columns from an earlier JSON")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds any one call may take (default 60)")
+    p.add_argument("--timeout", type=within_a_week(1.0), default=60.0, help="seconds any one call may take (default 60)")
     p.add_argument("-o", "--output", metavar="PREFIX", help="write PREFIX.json, .csv, .png (default bench-COLL)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--baseline", metavar="FILE", help="an earlier JSON: exit 1 on a regression beyond --tolerance")

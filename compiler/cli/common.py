@@ -37,22 +37,36 @@ def add_hw(p) -> None:
     p.add_argument("--nodes", type=positive_int, default=1, help="number of nodes (default 1)")
 
 
-def number(kind, minimum):
-    """An argparse type: `kind` (int or float) no smaller than `minimum`, with a one-line error."""
+def number(kind, minimum, maximum=None, why=""):
+    """An argparse type: `kind` (int or float), finite, no smaller than `minimum` (and no larger
+    than `maximum`, where given, for the reason `why`), with a one-line error."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if not value >= minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be <= {maximum:g}{why}")
         return value
     return parse
 
 
 positive_int = number(int, 1)
 non_negative_float = number(float, 0.0)
+
+
+def within_a_week(minimum: float):
+    """An argparse type for a time limit or timeout in seconds: the deadlines become lock and process
+    timeouts, which the platform caps (--time-limit 1e12 stopped with an OverflowError after planning)."""
+    return number(float, minimum, 7 * 24 * 3600.0, " (a week, in seconds)")
+
+
+seconds = within_a_week(0.0)
 
 
 def share(text: str) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from compiler.cli.common import (PROG, ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
-                                 positive_int, share, size_arg, size_range_arg)
+from compiler.cli.common import (ArgumentError, PROG, Progress, add_hw, emit_json, load_topology, non_negative_float,
+                                 positive_int, seconds, share, size_arg, size_range_arg)
 from compiler.model.program import AUTO, PROTOCOLS
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, CHOICES
@@ -25,7 +25,7 @@ def configure(p, name: str) -> None:
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type: a chunk is whole elements (default float32)")
     p.add_argument("--method", choices=METHODS, default="auto")
-    p.add_argument("--time-limit", type=non_negative_float, default=60.0, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=60.0, metavar="S",
                    help="seconds for planning (default 60)")
     p.add_argument("--gap", type=non_negative_float, default=1e-4, metavar="G",
                    help="relative MIP gap to stop at (default 1e-4)")

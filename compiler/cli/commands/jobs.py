@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from compiler.cli.common import ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float
+from compiler.cli.common import ArgumentError, Progress, add_hw, emit_json, load_topology, seconds
 from compiler.model.program import PROTOCOLS
 from compiler.specs.runtimes import ALL, CHOICES
 from compiler.specs.units import format_size, format_time
@@ -28,7 +28,7 @@ def configure(p) -> None:
                         "(time alone / time shared) over jobs")
     p.add_argument("-o", "--output", metavar="DIR", required=True, help="directory for the XML files and the manifest")
     p.add_argument("--method", choices=METHODS, default="auto", help="planner for each job alone (default auto)")
-    p.add_argument("--time-limit", type=non_negative_float, default=60.0, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=60.0, metavar="S",
                    help="seconds for the whole plan (default 60)")
     p.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="MSCCL protocol (default Simple)")
     p.add_argument("--runtime", choices=CHOICES, default=ALL, help="the runtime to write for (default all)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, non_negative_float,
-                                 number, size_range_arg)
+from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, number, seconds,
+                                 size_range_arg)
 from compiler.model.program import PROTOCOLS
 from compiler.specs.runtimes import DEFAULT, NAMES
 from compiler.specs.units import format_size
@@ -23,7 +23,7 @@ def configure(p) -> None:
                    help="the bands planned span this factor of sizes (default 4); the bands written are where "
                         "their programs cross over under the program timer")
     p.add_argument("--method", default="auto")
-    p.add_argument("--time-limit", type=non_negative_float, default=10.0, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S",
                    help="seconds of planning per band (default 10)")
     p.add_argument("--proto", choices=("auto",) + PROTOCOLS, default="auto",
                    help="auto (default): per band, the fastest program under the profile's runtime cost model")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from compiler.cli.commands.collective import add_lowering, lower_options
 from compiler.cli.commands.lower import saved_schedule
-from compiler.cli.common import ArgumentError, add_hw, emit_json, non_negative_float, size_arg
+from compiler.cli.common import ArgumentError, add_hw, emit_json, seconds, size_arg
 from compiler.specs.units import format_size, format_time
 
 HELP = "re-plan a schedule saved with --schedule-out after a link fails or slows (or the size changes)"
@@ -21,7 +21,7 @@ def configure(p) -> None:
     change.add_argument("--degrade", metavar="A-B=FRACTION", help="a link left with FRACTION of its bandwidth "
                                                                   "(nic0@0-netswitch=0.5)")
     p.add_argument("--size", type=size_arg, default=None, help="a new buffer size (default: the schedule's)")
-    p.add_argument("--time-limit", type=non_negative_float, default=20.0, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=20.0, metavar="S",
                    help="seconds for re-planning (default 20)")
     p.add_argument("-o", "--output", metavar="FILE.xml", help="XML file to write (default COLLECTIVE-PROFILE[-nN].xml)")
     p.add_argument("--schedule-out", metavar="FILE", help="write the new schedule as JSON (to re-plan it again)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import emit_json, non_negative_float, positive_int, size_arg
+from compiler.cli.common import emit_json, positive_int, seconds, size_arg
 
 HELP = "run an XML on N local processes (gloo) and compare with torch's own collective (custom: its demand)"
 
@@ -17,7 +17,7 @@ def configure(p) -> None:
     p.add_argument("--inplace", action="store_true", help="call the collective in place")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iters", type=positive_int, default=3)
-    p.add_argument("--timeout", type=non_negative_float, default=60.0, help="seconds per run")
+    p.add_argument("--timeout", type=seconds, default=60.0, help="seconds per run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
