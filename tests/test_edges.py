@@ -150,6 +150,8 @@ def test_memory_is_estimated_before_allocating():
 @pytest.mark.parametrize("args,needle", [
     (["--size", "-1MB"], "argument --size: '-1MB' must be positive"),
     (["--size", "-5"], "argument --size: '-5' must be positive"),
+    (["--size", "1e400"], "argument --size: '1e400' is above 2^53 bytes"),  # inf: an OverflowError in simulate
+    (["--size", "1e30"], "argument --size: '1e30' is above 2^53 bytes"),  # planned and written before
     (["--nodes", "-2"], "argument --nodes: '-2' must be >= 1"),
     (["--good-enough", "95"], "argument --good-enough: '95' must be a share of the lower bound, at most 1 (0.95 for 95 %)"),
     (["--good-enough", "1.5"], "'1.5' must be a share of the lower bound, at most 1"),

@@ -17,6 +17,9 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 
                "int64": 8}
 
 
+MAX_BYTES = 2**53  # sizes are timed as floats, exact integers up to here; no GPU buffer comes near it
+
+
 def parse_size(text: str, field: str = "--size") -> int:
     """'1GB' -> 10**9, '4KiB' -> 4096, '512' -> 512. Decimal units as nccl-tests and TE-CCL use them."""
     where = f"{field}: " if field else ""
@@ -25,6 +28,8 @@ def parse_size(text: str, field: str = "--size") -> int:
     if not m or unit not in _FACTORS:
         raise CompileError(f"{where}{text!r} is not a size (examples: 1GB, 256MiB, 4096)")
     value = float(m.group(1)) * _FACTORS[unit]
+    if not value <= MAX_BYTES:  # inf from 1e400 too (an OverflowError further on)
+        raise CompileError(f"{where}{text!r} is above 2^53 bytes (about 9e15), beyond any GPU buffer")
     if value <= 0:
         raise CompileError(f"{where}{text!r} must be positive (a buffer of at least one element)")
     if value != int(value):
