@@ -151,6 +151,13 @@ BROKEN = [
     ("unknown field", lambda d: d["gpu"].update(memory=80), "gpu.memory", "unknown field"),
     ("missing field", lambda d: d.pop("sources"), "sources", "missing"),
     ("nic rank", lambda d: d["nics"].append({"gpus": [3], "bandwidth_GBps": 1, "alpha_us": 1}), "nics[0].gpus[0]", "3"),
+    # JSON's Infinity and NaN (and 1e400) passed the schema's bounds; compiles stopped on internal errors
+    ("infinite bandwidth", lambda d: d["links"][0].update(bandwidth_GBps=float("inf")), "links[0].bandwidth_GBps",
+     "inf is not a finite number"),
+    ("NaN alpha", lambda d: d["links"][1].update(alpha_us=float("nan")), "links[1].alpha_us", "nan is not a finite number"),
+    ("vanishing bandwidth", lambda d: d["links"][2].update(bandwidth_GBps=1e-300), "links[2].bandwidth_GBps",
+     "1e-300 must be >= 0.001"),
+    ("huge alpha", lambda d: d["links"][0].update(alpha_us=1e300), "links[0].alpha_us", "must be <= 10000"),
 ]
 
 

@@ -9,6 +9,7 @@ the GPUs it serves share its bandwidth and cannot use it as a shortcut between t
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -75,11 +76,28 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
         return _field(path), f"{err.instance!r} must be > {err.validator_value}"
     if err.validator == "minimum":
         return _field(path), f"{err.instance!r} must be >= {err.validator_value}"
+    if err.validator == "maximum":
+        return _field(path), f"{err.instance!r} must be <= {err.validator_value}"
     return _field(path), f"{err.instance!r}: {err.message}"
+
+
+def _not_finite(doc, path=()) -> tuple | None:
+    """The path of the first number in `doc` that is NaN or infinite (JSON's NaN and Infinity, or
+    1e400, parse to them and pass the schema's minimum and maximum), else None."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return path
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    return next((p for k, v in items if (p := _not_finite(v, path + (k,))) is not None), None)
 
 
 def validate_profile(doc, origin: str) -> dict:
     """Check a profile document; raise ProfileError naming origin, field and value. Returns doc."""
+    bad = _not_finite(doc)
+    if bad is not None:
+        value = doc
+        for k in bad:
+            value = value[k]
+        raise ProfileError(f"{origin}: {_field(bad)}: {value!r} is not a finite number")
     err = _first_error(jsonschema.Draft202012Validator(_schema()), doc)
     if err is not None:
         field, msg = _schema_message(err)
