@@ -51,6 +51,14 @@ def test_custom_demand_file(tmp_path):
     path.write_text('{"chunks": [], "extra": 1}')
     with pytest.raises(DemandError):
         load_custom_demand(str(path), 4, 1000)
+    # "yes" read as true (a reduction planned, written and verified); a job of "abc" was an internal ValueError
+    for doc, needle in (('{"chunks": [{"from": 0, "to": [1]}], "reduce": "yes"}', "reduce: 'yes' must be true or false"),
+                        ('{"chunks": [{"from": 0, "to": [1], "job": "abc"}]}', "chunks[0].job: 'abc' is not a job"),
+                        ('{"chunks": [{"from": 0, "to": [1], "job": 1.5}]}', "chunks[0].job: 1.5 is not a job")):
+        path.write_text(doc)
+        with pytest.raises(DemandError) as e:
+            load_custom_demand(str(path), 4, 1000)
+        assert str(e.value) == f"{path}: {needle}" + (" number (0, 1, ...)" if "job" in needle else "")
 
 
 def test_on_ranks_checks_the_ranks():

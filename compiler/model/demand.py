@@ -171,13 +171,18 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
     if "ngpus" in doc and doc["ngpus"] != ngpus:
         raise DemandError(f"{path}: ngpus: {doc['ngpus']!r} does not match the topology's {ngpus} GPUs")
     _check(ngpus, chunk_bytes, chunks, None, CUSTOM)
-    reduce = bool(doc.get("reduce", False))
+    reduce = doc.get("reduce", False)
+    if not isinstance(reduce, bool):  # "yes" or "false" would read as true
+        raise DemandError(f"{path}: reduce: {reduce!r} must be true or false")
     in_next = [0] * ngpus
     out_next = [0] * ngpus
     out: list[Chunk] = []
     for i, c in enumerate(doc["chunks"]):
         if not isinstance(c, dict) or set(c) - {"from", "to", "job"} or "from" not in c or "to" not in c:
             raise DemandError(f"{path}: chunks[{i}]: {c!r} must be {{\"from\": rank(s), \"to\": [ranks], \"job\": n}}")
+        job = c.get("job", 0)
+        if not isinstance(job, int) or isinstance(job, bool) or job < 0:
+            raise DemandError(f"{path}: chunks[{i}].job: {job!r} is not a job number (0, 1, ...)")
         src = c["from"] if isinstance(c["from"], list) else [c["from"]]
         dst = c["to"] if isinstance(c["to"], list) else [c["to"]]
         for field, ranks in (("from", src), ("to", dst)):
@@ -197,7 +202,7 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
             for r in dst:
                 di.append(out_next[r])
                 out_next[r] += 1
-            out.append(Chunk(len(out), tuple(src), tuple(dst), tuple(si), tuple(di), int(c.get("job", 0))))
+            out.append(Chunk(len(out), tuple(src), tuple(dst), tuple(si), tuple(di), job))
     demand = Demand(CUSTOM, ngpus, tuple(out), chunk_bytes / chunks, chunk_bytes * len(doc["chunks"]),
                     chunks, reduce, None, max(in_next), max(out_next))
     if moves_nothing(demand):  # its program would take no time: algbw infinite, nothing to compare or bench
