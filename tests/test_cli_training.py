@@ -65,3 +65,17 @@ def test_bench_command_prints_nccl_tests_columns(tmp_path):
     assert "algbw" in proc.stdout and "#wrong" in proc.stdout
     data = json.loads((tmp_path / "b.json").read_text())
     assert data and (tmp_path / "b.csv").is_file()
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
+    """library -o on a file stopped on an internal NotADirectoryError; bench -o on a directory wrote
+    hidden files into it (DIR/.json), and into a missing directory failed after the whole sweep."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    for args, needle in ((("library", "--hw", "dgx1", "--sizes", "1KB:4KB", "--collectives", "allgather", "-o", "afile"),
+                          "-o: afile: exists and is not a directory"),
+                         (("bench", "allreduce", "-o", "adir"), "-o: adir: is a directory; -o takes a file prefix"),
+                         (("bench", "allreduce", "-o", "nodir/b"), "-o: nodir/b: directory 'nodir' does not exist")):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, (args, proc.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and not list((tmp_path / "adir").iterdir())

@@ -87,6 +87,17 @@ def _regressions(args, result: BenchResult) -> int:
     return 1
 
 
+def _check_prefix(prefix: str, collective: str) -> None:
+    """-o names files PREFIX.json, .csv and .png: refused before measuring where they cannot be
+    written there (a directory wrote hidden files into it; a missing one failed after the sweep)."""
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        raise CompileError(f"-o: {prefix}: is a directory; -o takes a file prefix "
+                           f"(e.g. {os.path.join(prefix, 'bench-' + collective)})")
+    parent = os.path.dirname(prefix)
+    if parent and not os.path.isdir(parent):
+        raise CompileError(f"-o: {prefix}: directory {parent!r} does not exist")
+
+
 def run(args) -> int:
     """Runs the options of `configure`. Exit status 0, or 1 on #wrong > 0, a regression, or
     MSCCL not running under --check-runtime; CompileError for user errors."""
@@ -102,6 +113,8 @@ def run(args) -> int:
     sides = SIDES if args.side == "both" else (args.side,)
     if not 0 <= args.tolerance < 1:
         raise CompileError(f"--tolerance: {args.tolerance} must be in [0, 1)")
+    if args.output:
+        _check_prefix(args.output, args.collective)
     require_torch("bench")
     rank, result = _measure(args, sizes, sides)
     if rank != 0:

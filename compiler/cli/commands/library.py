@@ -87,6 +87,8 @@ def run(args) -> int:
 def prepare_directory(out, force: bool) -> None:
     """DIR must hold no files the runtime would load besides ours (--force replaces its XML files)."""
     from compiler.fileio import check_writable, make_directory, remove_later
+    if out.exists() and not out.is_dir():
+        raise ArgumentError(f"-o: {out}: exists and is not a directory")
     if out.exists() and any(p.is_file() for p in out.iterdir()) and not force:
         raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
                             "to replace the directory's XML files)")
