@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 
 from backends.msccl_xml import read_xml, to_xml
 from compiler.analysis.bounds import Bound, lower_bound
@@ -120,6 +122,37 @@ def test_lower_command_writes_the_schedule_s_program(tmp_path):
     assert wrong.returncode == 2 and "planned for 'dgx1'" in wrong.stderr and wrong.stderr.count("\n") == 1
     missing = run("lower", "nope.json", "--hw", "dgx1")
     assert missing.returncode == 2 and "nope.json: no such schedule file" in missing.stderr
+
+
+def test_a_hand_edited_schedule_is_refused_in_one_line(tmp_path, topo):
+    """A saved schedule's numbers are checked on loading: a NaN tau stopped `replan` on an internal
+    ValueError, and a fractional start, a negative chunk size or "reduce": "yes" were lowered."""
+    from compiler.planners import plan
+    from compiler.specs.errors import CompileError
+    t = topo("dgx1")
+    path = tmp_path / "s.json"
+    plan(t, make_demand("allgather", t.ngpus, 2**20), PlanOptions(method="ring")).save(str(path))
+    good = json.loads(path.read_text())
+    Schedule.load(str(path))
+
+    def edited(where, key, value):
+        d = json.loads(json.dumps(good))
+        (d if where is None else d[where] if isinstance(where, str) else d[where[0]][where[1]])[key] = value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(d))
+        return str(bad)
+    for where, key, value, needle in ((None, "tau_s", float("nan"), "tau_s: nan is not a finite number"),
+                                      (("transfers", 0), 4, 1.5, "transfers[0]: [0, 0, 4, [0, 4], 1.5, 2,"),
+                                      ("demand", "chunk_bytes", -1, "demand.chunk_bytes: -1 must be > 0"),
+                                      ("demand", "reduce", "yes", "demand.reduce: 'yes' is not of type boolean")):
+        bad = edited(where, key, value)
+        with pytest.raises(CompileError) as e:
+            Schedule.load(bad)
+        assert str(e.value).startswith(f"{bad}: {needle}"), str(e.value)
+    proc = run_cli("replan", edited(None, "tau_s", float("nan")), "--hw", "dgx1", "--fail-link", "0-1", "-o",
+                   tmp_path / "r.xml")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "tau_s: nan is not a finite number" in proc.stderr
+    assert not (tmp_path / "r.xml").exists()
 
 
 def test_every_stage_value_round_trips_through_json(topo):

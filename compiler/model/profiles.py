@@ -9,7 +9,6 @@ the GPUs it serves share its bandwidth and cannot use it as a shortcut between t
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -21,6 +20,7 @@ import networkx as nx
 from compiler.model import memory
 from compiler.model.costs import DEFAULT_GPU_LINK, runtime_costs
 from compiler.specs.errors import ProfileError
+from compiler.specs.jsoncheck import field_name, first_error, schema_violation
 from compiler.model.topology import Link, Nic, Switch, Topology
 
 GB = 1e9
@@ -51,57 +51,11 @@ def _profile_files() -> list:
     return sorted(files, key=lambda f: f.name)
 
 
-def _field(path) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
-def _first_error(validator: jsonschema.protocols.Validator, doc) -> jsonschema.ValidationError | None:
-    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
-    return errors[0] if errors else None
-
-
-def _schema_message(err: jsonschema.ValidationError) -> tuple[str, str]:
-    """(field, message) for one schema violation."""
-    path = list(err.absolute_path)
-    if err.validator == "additionalProperties":
-        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-        return _field(path + [extra[0]]), f"unknown field (allowed: {', '.join(sorted(err.schema['properties']))})"
-    if err.validator == "required":
-        missing = err.message.split("'")[1] if "'" in err.message else err.message
-        return _field(path + [missing]), "required field is missing"
-    if err.validator == "exclusiveMinimum":
-        return _field(path), f"{err.instance!r} must be > {err.validator_value}"
-    if err.validator == "minimum":
-        return _field(path), f"{err.instance!r} must be >= {err.validator_value}"
-    if err.validator == "maximum":
-        return _field(path), f"{err.instance!r} must be <= {err.validator_value}"
-    return _field(path), f"{err.instance!r}: {err.message}"
-
-
-def _not_finite(doc, path=()) -> tuple | None:
-    """The path of the first number in `doc` that is NaN or infinite (JSON's NaN and Infinity, or
-    1e400, parse to them and pass the schema's minimum and maximum), else None."""
-    if isinstance(doc, float) and not math.isfinite(doc):
-        return path
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    return next((p for k, v in items if (p := _not_finite(v, path + (k,))) is not None), None)
-
-
 def validate_profile(doc, origin: str) -> dict:
     """Check a profile document; raise ProfileError naming origin, field and value. Returns doc."""
-    bad = _not_finite(doc)
-    if bad is not None:
-        value = doc
-        for k in bad:
-            value = value[k]
-        raise ProfileError(f"{origin}: {_field(bad)}: {value!r} is not a finite number")
-    err = _first_error(jsonschema.Draft202012Validator(_schema()), doc)
-    if err is not None:
-        field, msg = _schema_message(err)
-        raise ProfileError(f"{origin}: {field}: {msg}")
+    why = schema_violation(doc, _schema())
+    if why is not None:
+        raise ProfileError(f"{origin}: {why}")
     n = doc["gpu"]["count"]
     switch_names = [s["name"] for s in doc["switches"]]
     # References are checked with a schema generated for this profile's own ranks and names.
@@ -114,9 +68,9 @@ def validate_profile(doc, origin: str) -> dict:
             "nics": {"items": {"properties": {"gpus": {"items": {"type": "integer", "minimum": 0, "maximum": n - 1}}}}},
         },
     }
-    err = _first_error(jsonschema.Draft202012Validator(refs), doc)
+    err = first_error(jsonschema.Draft202012Validator(refs), doc)
     if err is not None:
-        field = _field(err.absolute_path)
+        field = field_name(err.absolute_path)
         if field.startswith("switches"):
             raise ProfileError(f"{origin}: {field}: {err.instance!r} is reserved for GPUs")
         names = ", ".join(switch_names) or "none"

@@ -110,15 +110,70 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str) -> "Schedule":
+        from compiler.specs.jsoncheck import schema_violation
         try:
             d = json.loads(Path(path).read_text(encoding="utf-8"))
-            if d.get("format") != "msccl-compile/schedule-v1":
-                raise CompileError(f"{path}: format: {d.get('format')!r} is not msccl-compile/schedule-v1")
+            if not isinstance(d, dict) or d.get("format") != "msccl-compile/schedule-v1":
+                got = d.get("format") if isinstance(d, dict) else None
+                raise CompileError(f"{path}: format: {got!r} is not msccl-compile/schedule-v1")
+            why = schema_violation(d, SCHEDULE_SCHEMA) or _bad_entry(d)
+            if why is not None:
+                raise CompileError(f"{path}: {why}")
             return cls.from_dict(d)
         except FileNotFoundError:
             raise CompileError(f"{path}: no such schedule file") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise CompileError(f"{path}: not a valid schedule: {type(e).__name__}: {e}") from None
+
+
+def _whole(*xs) -> bool:
+    return all(type(x) is int and x >= 0 for x in xs)
+
+
+def _bad_entry(d: dict) -> str | None:
+    """What is wrong with the first transfer or demand chunk that is not whole numbers in their
+    places (checked here, not in SCHEDULE_SCHEMA: a 512-GPU schedule has 260,000 transfers, which
+    jsonschema takes most of a minute over), else None."""
+    for i, x in enumerate(d["transfers"]):
+        ok = isinstance(x, list) and 8 <= len(x) <= 10 and isinstance(x[3], list) and len(x[3]) >= 2 \
+            and _whole(*x[:3], *x[3], x[4], x[5]) and x[4] <= x[5] and type(x[7]) is int and x[7] >= -1 \
+            and all(type(f) is int and f in (0, 1) for f in (x[6], *x[8:]))
+        if not ok:
+            return (f"transfers[{i}]: {x!r} is not [chunk, src, dst, [path], start, arrive, reduce 0|1, group >= -1"
+                    " (, own 0|1, swap 0|1)] of whole numbers with start <= arrive")
+    for i, c in enumerate(d["demand"]["chunks"]):
+        ok = isinstance(c, list) and len(c) == 6 and all(isinstance(v, list) for v in c[1:5]) \
+            and _whole(c[0], *c[1], *c[2], *c[3], *c[4], c[5])
+        if not ok:
+            return f"demand.chunks[{i}]: {c!r} is not [id, [sources], [dests], [src index], [dst index], job] of whole numbers"
+    return None
+
+
+_WHOLE = {"type": "integer", "minimum": 0}
+SCHEDULE_SCHEMA = {  # what Schedule.to_dict writes (transfers and demand chunks: _bad_entry)
+    "type": "object",
+    "required": ["demand", "epochs", "format", "gap", "lp_value_s", "notes", "planner", "solve_time_s", "status",
+                 "tau_s", "topology", "transfers"],
+    "properties": {
+        "tau_s": {"type": "number", "exclusiveMinimum": 0}, "epochs": _WHOLE,
+        "gap": {"type": ["number", "null"]}, "lp_value_s": {"type": ["number", "null"]},
+        "solve_time_s": {"type": "number", "minimum": 0}, "notes": {"type": "array", "items": {"type": "string"}},
+        "planner": {"type": "string"}, "status": {"type": "string"}, "topology": {"type": "string"},
+        "transfers": {"type": "array"},
+        "demand": {
+            "type": "object",
+            "required": ["chunk_bytes", "chunks", "chunks_per_rank", "collective", "input_chunks", "ngpus",
+                         "output_chunks", "reduce", "root", "size_bytes"],
+            "properties": {
+                "collective": {"type": "string"}, "ngpus": {"type": "integer", "minimum": 2},
+                "chunk_bytes": {"type": "number", "exclusiveMinimum": 0}, "size_bytes": {"type": "integer", "minimum": 1},
+                "chunks_per_rank": {"type": "integer", "minimum": 1}, "reduce": {"type": "boolean"},
+                "root": {"type": ["integer", "null"], "minimum": 0}, "input_chunks": _WHOLE, "output_chunks": _WHOLE,
+                "chunks": {"type": "array", "minItems": 1},
+            },
+        },
+    },
+}
 
 
 def swap_groups(transfers: tuple[Transfer, ...]) -> tuple[dict[int, list[int]], int | None]:
