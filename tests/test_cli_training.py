@@ -75,7 +75,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
     for args, needle in ((("library", "--hw", "dgx1", "--sizes", "1KB:4KB", "--collectives", "allgather", "-o", "afile"),
                           "-o: afile: exists and is not a directory"),
                          (("bench", "allreduce", "-o", "adir"), "-o: adir: is a directory; -o takes a file prefix"),
-                         (("bench", "allreduce", "-o", "nodir/b"), "-o: nodir/b: directory 'nodir' does not exist")):
+                         (("bench", "allreduce", "-o", "nodir/b"), "-o: nodir/b.json: directory 'nodir' does not exist")):
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, (args, proc.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and not list((tmp_path / "adir").iterdir())

@@ -90,12 +90,11 @@ def _regressions(args, result: BenchResult) -> int:
 def _check_prefix(prefix: str, collective: str) -> None:
     """-o names files PREFIX.json, .csv and .png: refused before measuring where they cannot be
     written there (a directory wrote hidden files into it; a missing one failed after the sweep)."""
+    from compiler.fileio import check_writable
     if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
         raise CompileError(f"-o: {prefix}: is a directory; -o takes a file prefix "
                            f"(e.g. {os.path.join(prefix, 'bench-' + collective)})")
-    parent = os.path.dirname(prefix)
-    if parent and not os.path.isdir(parent):
-        raise CompileError(f"-o: {prefix}: directory {parent!r} does not exist")
+    check_writable(prefix + ".json", "-o")
 
 
 def run(args) -> int:
