@@ -116,7 +116,7 @@ class Schedule:
             if not isinstance(d, dict) or d.get("format") != "msccl-compile/schedule-v1":
                 got = d.get("format") if isinstance(d, dict) else None
                 raise CompileError(f"{path}: format: {got!r} is not msccl-compile/schedule-v1")
-            why = schema_violation(d, SCHEDULE_SCHEMA) or _bad_entry(d)
+            why = schema_violation(d, SCHEDULE_SCHEMA, ENTRIES) or _bad_entry(d)
             if why is not None:
                 raise CompileError(f"{path}: {why}")
             return cls.from_dict(d)
@@ -149,6 +149,7 @@ def _bad_entry(d: dict) -> str | None:
     return None
 
 
+ENTRIES = frozenset({("transfers",), ("demand", "chunks")})  # what _bad_entry checks: whole numbers only
 _WHOLE = {"type": "integer", "minimum": 0}
 SCHEDULE_SCHEMA = {  # what Schedule.to_dict writes (transfers and demand chunks: _bad_entry)
     "type": "object",
