@@ -33,8 +33,8 @@ import re  # noqa: E402
 import threading  # noqa: E402
 
 from compiler import __version__  # noqa: E402
-from compiler.cli.commands import (bench, collective, env, jobs, library, lower, profiles, replan, report,  # noqa: E402
-                                   run, simulate, verify)
+from compiler.cli.commands import (bench, calibrate, collective, env, jobs, library, lower, profiles, replan,  # noqa: E402
+                                   report, run, simulate, verify)
 from compiler.cli.common import ArgumentError, Parser, Progress  # noqa: E402,F401  (Progress: tests)
 from compiler.fileio import outputs  # noqa: E402
 from compiler.specs.collectives import COLLECTIVES, CUSTOM, spellings  # noqa: E402
@@ -47,6 +47,7 @@ COMMANDS = {
     "run": (run.configure, run.HELP),
     "library": (library.configure, library.HELP),
     "bench": (bench.configure, bench.HELP),
+    "calibrate": (calibrate.configure, calibrate.HELP),
     "profiles": (profiles.configure_profiles, profiles.PROFILES_HELP),
     "bound": (profiles.configure_bound, profiles.BOUND_HELP),
     "verify": (verify.configure, verify.HELP),

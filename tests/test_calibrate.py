@@ -1,0 +1,123 @@
+"""`msccl-compile calibrate`: bench results "measured" on a profile whose runtime costs the fit is not
+shown (the timer under hidden constants, with a few per cent of noise) must give back those
+constants, and the written profile must time the measured programs as measured."""
+
+import json
+import math
+from importlib import resources
+
+import pytest
+
+from backends.bench.results import BenchResult, BenchRow, SideResult
+from backends.msccl_xml import read_xml
+from compiler.model.profiles import load_topology
+from compiler.program.timing import time_program
+from tests.conftest import run_cli
+
+HIDDEN = {  # the GPUs' "true" costs; the stock hopper values are LL 6.6 us / 0.6 us / 12.9 GB/s, Simple 8.4 / 3.4 / 38.7
+    "LL": {"launch_us": 9.0, "step_us": {"nvlink": 1.0}, "tb_GBps": {"nvlink": 10.0}},
+    "Simple": {"launch_us": 12.0, "step_us": {"nvlink": 5.0}, "tb_GBps": {"nvlink": 30.0}},
+}
+SIZES = (4096, 65536, 1 << 20, 1 << 24, 1 << 28)
+PORT_GBPS = 450  # one H100's NVLink bandwidth to the NVSwitch (hw_profiles/dgx-h100.json)
+EFFICIENCY = {"LL": 0.5, "Simple": 1.0}
+
+
+def lanes(proto: str, tb_GBps: float) -> int:
+    return max(1, int(PORT_GBPS * EFFICIENCY[proto] / tb_GBps + 1e-9))
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """(directory, the XML files, the bench results) of four programs on one DGX H100."""
+    d = tmp_path_factory.mktemp("calibrate")
+    doc = json.loads(resources.files("hw_profiles").joinpath("dgx-h100.json").read_text(encoding="utf-8"))
+    doc.update(name="hidden", runtime={"generation": "hopper", "protocols": HIDDEN})
+    doc.pop("aliases", None)
+    (d / "hidden.json").write_text(json.dumps(doc))
+    truth = load_topology(str(d / "hidden.json"))
+    results = []
+    for method in ("ring", "direct"):
+        for proto in HIDDEN:
+            xml = d / f"ag-{method}-{proto}.xml"
+            r = run_cli("allgather", "--hw", "dgx-h100", "--method", method, "--proto", proto, "--instances", "1",
+                        "--size", "1MB", "--time-limit", "5", "-o", xml)
+            assert r.returncode == 0, r.stderr
+            program = read_xml(xml)
+            rows = []
+            for i, size in enumerate(SIZES):
+                t = time_program(program, truth, size).finish_time_s * (1 + 0.02 * math.sin(3 * i + len(method)))
+                rows.append(BenchRow(size, size // 32, "float32", "sum", None,
+                                     SideResult(t * 1e6, size / t / 1e9, size / t / 1e9, 0), xml.name))
+            # a row whose result was wrong: its time says nothing about the program and must be left out
+            rows.append(BenchRow(1 << 22, 1 << 17, "float32", "sum", None, SideResult(1e6, 0.004, 0.004, 3), xml.name))
+            result = d / f"bench-{method}-{proto}.json"
+            result.write_text(BenchResult("allgather", 8, "float32", "sum", False, "nccl", "runtime executor", 20, 5,
+                                          tuple(rows)).to_json())
+            results.append(result)
+    return d, results
+
+
+@pytest.mark.long
+def test_calibrate_recovers_the_hidden_costs(measured):
+    d, results = measured
+    out = d / "calibrated.json"
+    r = run_cli("calibrate", *results, "--algos", d, "--hw", "dgx-h100", "-o", out, "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["rows"] == 20 and len(summary["notes"]) == 4  # the wrong rows, said and left out
+    assert summary["error_before"] > 0.2 and summary["error_after"] < 0.03
+    written = json.loads(out.read_text())["runtime"]["protocols"]
+    assert set(written) == set(HIDDEN)  # LL128 was not measured: the generation's values stand
+    for proto, hidden in HIDDEN.items():
+        got = written[proto]
+        assert got["launch_us"] == pytest.approx(hidden["launch_us"], rel=0.05), proto
+        assert got["step_us"]["nvlink"] == pytest.approx(hidden["step_us"]["nvlink"], rel=0.12), proto
+        assert lanes(proto, got["tb_GBps"]["nvlink"]) == lanes(proto, hidden["tb_GBps"]["nvlink"]), proto
+    # the written profile, loaded as any --hw file, times the programs as the GPUs did (within the noise)
+    topo = load_topology(str(out))
+    for result in results:
+        for row in BenchResult.load(result).rows[:-1]:
+            model = time_program(read_xml(d / row.algo), topo, row.size_bytes).finish_time_s * 1e6
+            assert model == pytest.approx(row.msccl.time_us, rel=0.04), (result.name, row.size_bytes)
+    again = d / "again.json"
+    assert run_cli("calibrate", *results, "--algos", d, "--hw", "dgx-h100", "-o", again).returncode == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def _one_row(d, name="one.json", **change):
+    doc = BenchResult("allgather", 8, "float32", "sum", False, "nccl", "runtime executor", 20, 5, (
+        BenchRow(65536, 2048, "float32", "sum", None, SideResult(20.0, 3.2, 2.8, 0), "ag-ring-LL.xml"),)).to_dict()
+    for path, value in change.items():
+        *keys, last = path.split("__")
+        node = doc
+        for k in keys:
+            node = node[int(k)] if k.isdigit() else node[k]
+        node[last] = value
+    (d / name).write_text(json.dumps(doc))
+    return d / name
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"nprocs": 16}, "one.json: nprocs: 16 ranks ran it, but dgx-h100 has 8 GPUs"),
+    ({"rows__0__algo": "missing.xml"}, "one.json: rows[0].algo: 'missing.xml' is not among the --algos files"),
+    ({"rows__0__msccl__time_us": -1}, "one.json: rows[0].msccl.time_us: -1 is not a positive finite number"),
+    ({"format": "nccl-tests"}, "one.json: format: 'nccl-tests' is not 'msccl-compile/bench-v1' (a bench result's JSON)"),
+    ({"collective": "alltoall"}, "one.json: rows[0].algo: ag-ring-LL.xml is a program of allgather, the "
+                                 "result of 'alltoall'"),
+])
+def test_calibrate_refuses_bad_results_in_one_line(measured, tmp_path, change, says):
+    d, _ = measured
+    out = tmp_path / "p.json"
+    r = run_cli("calibrate", _one_row(tmp_path, **change), "--algos", d, "--hw", "dgx-h100", "-o", out)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().endswith(says) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
+def test_calibrate_kinds_must_be_the_profiles(measured, tmp_path):
+    d, results = measured
+    r = run_cli("calibrate", results[0], "--algos", d, "--hw", "dgx-h100", "--kinds", "network", "-o", tmp_path / "p.json")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "--kinds: network: dgx-h100 has no network links (has: nvlink)"), r.stderr
+    assert not (tmp_path / "p.json").exists()
