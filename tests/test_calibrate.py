@@ -93,7 +93,7 @@ def _one_row(d, name="one.json", **change):
         node = doc
         for k in keys:
             node = node[int(k)] if k.isdigit() else node[k]
-        node[last] = value
+        node[int(last) if last.isdigit() else last] = value
     (d / name).write_text(json.dumps(doc))
     return d / name
 
@@ -102,6 +102,7 @@ def _one_row(d, name="one.json", **change):
     ({"nprocs": 16}, "one.json: nprocs: 16 ranks ran it, but dgx-h100 has 8 GPUs"),
     ({"rows__0__algo": "missing.xml"}, "one.json: rows[0].algo: 'missing.xml' is not among the --algos files"),
     ({"rows__0__msccl__time_us": -1}, "one.json: rows[0].msccl.time_us: -1 is not a positive finite number"),
+    ({"rows__0": "x"}, "one.json: rows[0]: 'x' is not an object"),
     ({"format": "nccl-tests"}, "one.json: format: 'nccl-tests' is not 'msccl-compile/bench-v1' (a bench result's JSON)"),
     ({"collective": "alltoall"}, "one.json: rows[0].algo: ag-ring-LL.xml is a program of allgather, the "
                                  "result of 'alltoall'"),

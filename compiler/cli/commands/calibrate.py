@@ -88,7 +88,9 @@ def measurements(results: list[str], files: dict[str, Path], topo) -> tuple[list
             raise CompileError(f"{path}: rows: {rows!r} is not a list")
         for i, row in enumerate(rows):
             where = f"{path}: rows[{i}]"
-            side, algo = (row.get("msccl"), row.get("algo")) if isinstance(row, dict) else (None, None)
+            if not isinstance(row, dict):
+                raise CompileError(f"{where}: {row!r} is not an object")
+            side, algo = row.get("msccl"), row.get("algo")
             if not side or not algo:
                 continue  # no MSCCL side at this size: NCCL's own algorithm ran
             if not isinstance(side, dict):
