@@ -86,8 +86,8 @@ def test_calibrate_recovers_the_hidden_costs(measured):
 
 
 def _one_row(d, name="one.json", **change):
-    doc = BenchResult("allgather", 8, "float32", "sum", False, "nccl", "runtime executor", 20, 5, (
-        BenchRow(65536, 2048, "float32", "sum", None, SideResult(20.0, 3.2, 2.8, 0), "ag-ring-LL.xml"),)).to_dict()
+    doc = json.loads(BenchResult("allgather", 8, "float32", "sum", False, "nccl", "runtime executor", 20, 5, (
+        BenchRow(65536, 2048, "float32", "sum", None, SideResult(20.0, 3.2, 2.8, 0), "ag-ring-LL.xml"),)).to_json())
     for path, value in change.items():
         *keys, last = path.split("__")
         node = doc
