@@ -42,7 +42,8 @@ MOST_LANES = 64  # thread blocks one link may carry at once
 PASSES = 2  # passes over the kinds at most (refine)
 HALVINGS = 4  # of a Gauss-Newton step that does not lower the error
 SOLVE_ROUNDS = 4  # Gauss-Newton rounds for the step latencies at most (one while lane counts are scanned)
-LANE_GRID = 49  # lane-count combinations of the coarse grid over the kinds, about
+LANE_GRID = 49  # lane-count combinations of the coarse grid over several kinds, about
+ONE_KIND_GRID = 16  # and lane counts of the grid of one kind (all of them took 25 % longer for the same fits)
 STARTS = 3  # the best grid points solved in full
 STEP_SCAN, STEP_SPREAD = 17, 10.0  # step latencies tried from a lane count's start (scan_steps)
 
@@ -243,17 +244,16 @@ def fit_protocol(topo: Topology, proto: str, ms: list[Measurement], kinds: tuple
     `ms`, all of them `proto`'s programs. Each lane count is judged with the launch and step
     latencies solved for it: fewer lanes and a shorter step can explain the same rows as more lanes
     and a longer step. The error is far from smooth in the lane counts (two DGX H100 nodes, LL,
-    with NVLink's hidden count 22: 0.013 at 22, 0.059 at 17 and 0.025 at 35), so with one kind every
-    count within TB_SPREAD of the profile's is tried and the STARTS best are solved in full; with
-    several, a coarse grid over the kinds together (about LANE_GRID points) and its STARTS best solved
-    in full. From the best, `refine`: the grid ranks counts by one Gauss-Newton round from the
+    with NVLink's hidden count 22: 0.013 at 22, 0.059 at 17 and 0.025 at 35), so a grid of counts
+    within TB_SPREAD of the profile's (ONE_KIND_GRID of one kind, about LANE_GRID combinations of
+    several) is tried and its STARTS best are solved in full. From the best, `refine`: the grid ranks counts by one Gauss-Newton round from the
     profile's latencies, and from the latencies found the counts near the best rank better (two
     DGX H100 nodes' LL network fit stopped at 3 lanes and 0.066 of error without it, where the
     hidden 4 give 0.010)."""
     prior = topo.costs.protocol(proto)
     obj = _Objective(topo, proto, prior, ms, kinds)
     choices = {k: _lane_choices(topo, k, prior.efficiency, prior.tb_rate(k)) for k in kinds}
-    points = len(choices[kinds[0]]) if len(kinds) == 1 else max(3, round(LANE_GRID ** (1 / len(kinds))))
+    points = ONE_KIND_GRID if len(kinds) == 1 else max(3, round(LANE_GRID ** (1 / len(kinds))))
     picks = [dict(zip(kinds, pick)) for pick in
              itertools.product(*([choices[k][i] for i in _coarse(choices[k], points)] for k in kinds))]
     grid = [solve_steps(obj, _with_rates(prior, pick), 1) for pick in picks]
