@@ -12,6 +12,7 @@ from backends.bench.results import BenchResult, BenchRow, SideResult
 from backends.msccl_xml import read_xml
 from compiler.model.profiles import load_topology
 from compiler.program.timing import time_program
+from compiler.specs.collectives import COLLECTIVES
 from tests.conftest import run_cli
 
 HIDDEN = {  # the GPUs' "true" costs; the stock hopper values are LL 6.6 us / 0.6 us / 12.9 GB/s, Simple 8.4 / 3.4 / 38.7
@@ -103,7 +104,9 @@ def _one_row(d, name="one.json", **change):
     ({"rows__0__algo": "missing.xml"}, "one.json: rows[0].algo: 'missing.xml' is not among the --algos files"),
     ({"rows__0__msccl__time_us": -1}, "one.json: rows[0].msccl.time_us: -1 is not a positive finite number"),
     ({"rows__0": "x"}, "one.json: rows[0]: 'x' is not an object"),
+    ({"rows__0__algo": ["a"]}, "one.json: rows[0].algo: ['a'] is not among the --algos files"),
     ({"format": "nccl-tests"}, "one.json: format: 'nccl-tests' is not 'msccl-compile/bench-v1' (a bench result's JSON)"),
+    ({"collective": "sendrecv"}, "one.json: collective: 'sendrecv' is not one of " + ", ".join(COLLECTIVES)),
     ({"collective": "alltoall"}, "one.json: rows[0].algo: ag-ring-LL.xml is a program of allgather, the "
                                  "result of 'alltoall'"),
 ])

@@ -135,7 +135,7 @@ def _set(mapping: tuple[tuple[str, float], ...], kind: str, value: float) -> tup
 
 
 def _lane_choices(topo: Topology, kind: str, eff: float, prior_rate: float, spread: float = TB_SPREAD) -> list[float]:
-    """One tb rate per distinct lane count of the links of `kind`, within TB_SPREAD of the prior:
+    """One tb rate per distinct lane count of the links of `kind`, within `spread` of the prior:
     the prior where it falls in the count's interval, else the interval's geometric middle (so that
     rounding the written value keeps the count)."""
     caps = sorted({l.bandwidth * eff for l in topo.links if (l.kind or "nvlink") == kind})

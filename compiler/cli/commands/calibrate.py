@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from compiler.cli.common import ArgumentError, Progress, add_hw, emit_json
+from compiler.model.costs import LINK_KINDS
 from compiler.specs.errors import CompileError
 
-LINK_KINDS = ("nvlink", "xgmi", "pcie", "network")
 HELP = "fit the runtime cost model to bench results measured on GPUs and write a calibrated profile"
 
 
@@ -79,6 +79,8 @@ def measurements(results: list[str], files: dict[str, Path], topo) -> tuple[list
             found = doc.get("format") if isinstance(doc, dict) else None
             raise CompileError(f"{path}: format: {found!r} is not {FORMAT!r} (a bench result's JSON)")
         coll, nprocs = doc.get("collective"), doc.get("nprocs")
+        if coll not in COLLECTIVES:
+            raise CompileError(f"{path}: collective: {coll!r} is not one of {', '.join(COLLECTIVES)}")
         if nprocs != topo.ngpus:
             raise CompileError(f"{path}: nprocs: {nprocs!r} ranks ran it, but {topo.name} has {topo.ngpus} GPUs")
         if doc.get("backend") != "nccl":
@@ -101,12 +103,12 @@ def measurements(results: list[str], files: dict[str, Path], topo) -> tuple[list
                 continue
             seconds = _number(side.get("time_us"), f"{where}.msccl.time_us") * 1e-6
             size = _number(row.get("size_bytes"), f"{where}.size_bytes")
-            if str(algo) not in files:
+            if not isinstance(algo, str) or algo not in files:
                 raise CompileError(f"{where}.algo: {algo!r} is not among the --algos files")
-            program = programs.get(algo) or programs.setdefault(algo, read_xml(files[str(algo)]))
+            program = programs.get(algo) or programs.setdefault(algo, read_xml(files[algo]))
             if program.ngpus != topo.ngpus:
                 raise CompileError(f"{files[algo]}: ngpus={program.ngpus}, but {topo.name} has {topo.ngpus} GPUs")
-            if program.collective != coll or coll not in COLLECTIVES:
+            if program.collective != coll:
                 raise CompileError(f"{where}.algo: {algo} is a program of {program.collective}, the result "
                                    f"of {coll!r}")
             out.append(Measurement(f"{Path(path).name} {int(size)} B {algo}", program, call_bytes(program, size),
@@ -134,7 +136,7 @@ def _significant(x: float, digits: int = 4) -> float:
 def calibrated_doc(doc: dict, topo, fits, results: list[str], kinds: tuple[str, ...]) -> dict:
     """The profile `doc` with the fitted values in its runtime section (four significant digits)."""
     out = copy.deepcopy(doc)
-    out["name"] = f"{doc['name']}-calibrated"
+    out["name"] = doc["name"] if doc["name"].endswith("-calibrated") else f"{doc['name']}-calibrated"
     out.pop("aliases", None)
     runtime = out.setdefault("runtime", {})
     runtime.setdefault("generation", topo.costs.generation)
@@ -146,9 +148,9 @@ def calibrated_doc(doc: dict, topo, fits, results: list[str], kinds: tuple[str, 
         entry["tb_GBps"] = {**entry.get("tb_GBps", {}), **{k: _significant(f.after.tb_rate(k) / 1e9) for k in kinds}}
     said = "; ".join(f"{f.proto}: {f.rows} rows, {', '.join(f.decided) or 'nothing'} fitted"
                      for f in fits)
-    out["sources"] = {**doc["sources"], "runtime (calibrated)": (
+    out["sources"] = {**doc["sources"], f"runtime (calibrated: {', '.join(kinds)})": (
         f"msccl-compile calibrate from {', '.join(Path(r).name for r in results)} on {topo.name}: {said}; the "
-        "other values are the generation's")}
+        "other values as before")}
     return out
 
 
