@@ -146,8 +146,8 @@ def calibrated_doc(doc: dict, topo, fits, results: list[str], kinds: tuple[str, 
         entry["launch_us"] = _significant(f.after.launch * 1e6)
         entry["step_us"] = {**entry.get("step_us", {}), **{k: _significant(f.after.step_time(k) * 1e6) for k in kinds}}
         entry["tb_GBps"] = {**entry.get("tb_GBps", {}), **{k: _significant(f.after.tb_rate(k) / 1e9) for k in kinds}}
-    said = "; ".join(f"{f.proto}: {f.rows} rows, {', '.join(f.decided) or 'nothing'} fitted"
-                     for f in fits)
+    said = "; ".join(f"{f.proto}: {f.rows} rows{f' ({len(f.outliers)} outliers left out)' if f.outliers else ''}, "
+                     f"{', '.join(f.decided) or 'nothing'} fitted" for f in fits)
     out["sources"] = {**doc["sources"], f"runtime (calibrated: {', '.join(kinds)})": (
         f"msccl-compile calibrate from {', '.join(Path(r).name for r in results)} on {topo.name}: {said}; the "
         "other values as before")}
@@ -168,6 +168,8 @@ def run(args) -> int:
     kinds = fitted_kinds(args.kinds, topo)
     ms, notes = measurements(args.results, algorithm_files(args.algos), topo)
     fits = fit(topo, ms, kinds, Progress(sys.stderr.isatty() and not args.json))
+    notes += [f"{label}: left out of {f.proto}'s fit: the first fit missed it by far more than the other rows"
+              for f in fits for label in f.outliers]
     new = validate_profile(calibrated_doc(doc, topo, fits, args.results, kinds), output)
     written = compose(new, args.nodes)  # the rows timed again with the values as written (rounded)
     measured = np.array([m.time_s for m in ms])
@@ -177,7 +179,7 @@ def run(args) -> int:
     summary = {
         "profile": output, "hw": topo.name, "rows": len(ms), "notes": notes,
         "error_before": rms_log_error(before, measured), "error_after": rms_log_error(after, measured),
-        "protocols": {f.proto: {"rows": f.rows, "fitted": list(f.decided),
+        "protocols": {f.proto: {"rows": f.rows, "fitted": list(f.decided), "outliers": list(f.outliers),
                                 "before": _params(f.before, kinds),
                                 "after": _params(dict(written.costs.protocols)[f.proto], kinds)}
                       for f in fits},
