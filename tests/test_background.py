@@ -100,6 +100,29 @@ def test_an_interrupt_leaves_no_second_process(tmp_path):
     assert list(tmp_path.iterdir()) == [] and _work_files() <= before
 
 
+def test_a_killed_first_process_takes_the_second_with_it(tmp_path):
+    """SIGKILL runs no handler and no finally: the second process must end by itself (it planned on
+    to its deadline, holding the caller's stderr open, before it asked the kernel to end it too)."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "MSCCL_TEST_MARK": mark, "MSCCL_COMPILE_WORKERS": "2"}
+    p = subprocess.Popen([sys.executable, "-m", "compiler.cli", "allgather", "--hw", "dgx2", "--nodes", "2",
+                          "--size", "1MB", "-o", "x.xml"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path, env=env)
+    try:
+        deadline = time.perf_counter() + 60
+        while not _marked(mark, p.pid) and time.perf_counter() < deadline:
+            time.sleep(0.2)
+        assert _marked(mark, p.pid), "the second process never started"
+        p.kill()
+        p.communicate(timeout=30)  # the pipes close once no process holds them
+    finally:
+        p.kill()
+    deadline = time.perf_counter() + 10
+    while _marked(mark, p.pid) and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    assert not _marked(mark, p.pid)
+
+
 def _marked(mark: str, parent: int) -> bool:
     """Whether a process other than `parent` carries MSCCL_TEST_MARK=mark (the second process inherits it)."""
     for d in Path("/proc").iterdir():

@@ -76,8 +76,8 @@ class Background:
         try:
             # this process's import path, so that the second finds the same compiler (a script may have set it)
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            process = subprocess.Popen([sys.executable, "-m", __name__, f.name], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE, env=env)
+            process = subprocess.Popen([sys.executable, "-m", __name__, f.name, str(os.getpid())],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
         except BaseException:
             os.unlink(f.name)
             raise
@@ -112,7 +112,23 @@ class Background:
             os.unlink(self.work)
 
 
-def _serve(path: str) -> None:
+def _die_with(parent: int) -> None:
+    """Be killed when the first process ends, however it ends (Linux's PR_SET_PDEATHSIG; elsewhere
+    the first process's stop is all there is). Its own stop cannot cover every case: an interrupt
+    that lands while this process is being started, before the first holds its handle, exits the
+    first at once (os._exit runs no finally), and this one planned on to its deadline, holding the
+    caller's stderr open (a CI run's interrupt test waited 30 s on it)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os._exit(0)
+
+
+def _serve(path: str, parent: int) -> None:
+    _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first process too, which stops this one
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # nothing but the answer on the pipe, whatever writes to stdout (a solver's banner)
@@ -131,4 +147,4 @@ def _serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], int(sys.argv[2]))
