@@ -78,18 +78,26 @@ def test_two_processes_find_the_program_one_finds(topo):
     assert results[2].time_s == pytest.approx(results[1].time_s, rel=1e-9)
 
 
-def test_an_interrupt_leaves_no_second_process(tmp_path):
-    mark = uuid.uuid4().hex
+def _compile_beside_a_second_process(tmp_path, mark: str) -> subprocess.Popen:
+    """A compile with two processes, once its second process runs (it carries MSCCL_TEST_MARK=mark)."""
     env = {**os.environ, "MSCCL_TEST_MARK": mark, "MSCCL_COMPILE_WORKERS": "2"}
-    before = _work_files()
     p = subprocess.Popen([sys.executable, "-m", "compiler.cli", "allgather", "--hw", "dgx2", "--nodes", "2",
                           "--size", "1MB", "-o", "x.xml"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=tmp_path, env=env)
+    deadline = time.perf_counter() + 60
+    while not _marked(mark, p.pid) and time.perf_counter() < deadline:
+        time.sleep(0.2)
+    if not _marked(mark, p.pid):
+        p.kill()
+        pytest.fail("the second process never started")
+    return p
+
+
+def test_an_interrupt_leaves_no_second_process(tmp_path):
+    mark = uuid.uuid4().hex
+    before = _work_files()
+    p = _compile_beside_a_second_process(tmp_path, mark)
     try:
-        deadline = time.perf_counter() + 60
-        while not _marked(mark, p.pid) and time.perf_counter() < deadline:
-            time.sleep(0.2)
-        assert _marked(mark, p.pid), "the second process never started"
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=30)
     finally:
@@ -104,15 +112,8 @@ def test_a_killed_first_process_takes_the_second_with_it(tmp_path):
     """SIGKILL runs no handler and no finally: the second process must end by itself (it planned on
     to its deadline, holding the caller's stderr open, before it asked the kernel to end it too)."""
     mark = uuid.uuid4().hex
-    env = {**os.environ, "MSCCL_TEST_MARK": mark, "MSCCL_COMPILE_WORKERS": "2"}
-    p = subprocess.Popen([sys.executable, "-m", "compiler.cli", "allgather", "--hw", "dgx2", "--nodes", "2",
-                          "--size", "1MB", "-o", "x.xml"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=tmp_path, env=env)
+    p = _compile_beside_a_second_process(tmp_path, mark)
     try:
-        deadline = time.perf_counter() + 60
-        while not _marked(mark, p.pid) and time.perf_counter() < deadline:
-            time.sleep(0.2)
-        assert _marked(mark, p.pid), "the second process never started"
         p.kill()
         p.communicate(timeout=30)  # the pipes close once no process holds them
     finally:
