@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import lsq_linear, minimize_scalar
 
+from compiler.analysis.links import Costing
 from compiler.model.costs import ProtocolCost
 from compiler.model.program import Program
 from compiler.model.topology import Topology
@@ -94,8 +95,8 @@ class _Objective:
         self.memo: dict = {}
 
     def lanes_key(self, cost: ProtocolCost) -> tuple:
-        eff = cost.efficiency
-        return tuple(max(1, int(l.bandwidth * eff / cost.tb_rate(l.kind or "nvlink") + 1e-9)) for l in self.topo.links)
+        costing = Costing(self.proto, cost)  # the timer's own count of lanes (analysis/links.py)
+        return tuple(costing.lanes(l.bandwidth, l.kind or "nvlink") for l in self.topo.links)
 
     def bodies(self, cost: ProtocolCost) -> np.ndarray:
         """Each program's time without the launch."""
