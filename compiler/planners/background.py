@@ -2,8 +2,9 @@
 programs (pure Python, one core), the second plans the optimisers' candidates (model building and
 HiGHS) on the other core, to the same deadline, and sends them back.
 
-The second process is a fresh interpreter (`python -m compiler.planners.background FILE`) that
-reads its work, pickled, from FILE and writes the answer, pickled, to its stdout; not
+The second process is a fresh interpreter (`python -m compiler.planners.background PARENT_PID`)
+that reads its work, pickled, from its stdin and writes the answer, pickled, to its stdout (no file:
+one would outlive a first process killed before the second read it); not
 multiprocessing, whose start methods either fork (the first process may hold HiGHS's solver
 threads, which a forked child inherits without the threads) or import the caller's main module
 again (a script without a `__main__` guard would compile twice).
@@ -16,7 +17,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,7 +60,6 @@ class Background:
     process asks late (its own judging ran over: DGX-1 alltoall 32 MB at 10 s, whose optimisers
     answered 3 s before their deadline, wrote ring at 0.51 of the floor where lp's program is 0.96)."""
     process: subprocess.Popen
-    work: str  # the file the work is pickled in (the second process removes it once read)
     answer: list[bytes] = field(default_factory=list)
     reader: threading.Thread | None = None
 
@@ -71,17 +70,15 @@ class Background:
 
     @classmethod
     def start(cls, target: Callable, args: tuple) -> Background:
-        with tempfile.NamedTemporaryFile("wb", prefix="msccl-compile-", suffix=".pkl", delete=False) as f:
-            pickle.dump((target, args), f, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            # this process's import path, so that the second finds the same compiler (a script may have set it)
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            process = subprocess.Popen([sys.executable, "-m", __name__, f.name, str(os.getpid())],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
-        except BaseException:
-            os.unlink(f.name)
-            raise
-        return cls(process, f.name)
+        work = pickle.dumps((target, args), protocol=pickle.HIGHEST_PROTOCOL)
+        # this process's import path, so that the second finds the same compiler (a script may have set it)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        # written by a thread: the work may be more than the pipe holds, and the second process reads it
+        # only once its interpreter has started
+        threading.Thread(target=_send, args=(process.stdin, work), daemon=True).start()
+        return cls(process)
 
     def result(self, deadline: float) -> Any:
         """What target returned; None where it had not sent it all by deadline + GRACE_S, nor by now
@@ -108,8 +105,14 @@ class Background:
             self.reader.join()  # the pipe's writer is gone: the read ends
         if self.process.stdout is not None:
             self.process.stdout.close()
-        if os.path.exists(self.work):  # stopped before it read its work
-            os.unlink(self.work)
+
+
+def _send(pipe, work: bytes) -> None:
+    try:
+        pipe.write(work)
+        pipe.close()
+    except (BrokenPipeError, ValueError, OSError):  # the second process ended (or was stopped) before it read it all
+        pass
 
 
 def _die_with(parent: int) -> None:
@@ -127,15 +130,16 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _serve(path: str, parent: int) -> None:
+def _serve(parent: int) -> None:
     _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first process too, which stops this one
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # nothing but the answer on the pipe, whatever writes to stdout (a solver's banner)
     try:
-        with open(path, "rb") as f:
-            target, args = pickle.load(f)
-        os.unlink(path)
+        target, args = pickle.load(sys.stdin.buffer)
+        devnull = os.open(os.devnull, os.O_RDONLY)  # nothing else is read from the first process (a solver's prompt)
+        os.dup2(devnull, 0)
+        os.close(devnull)
         value = (True, target(*args))
     except Exception as e:  # a bug: the first process reports it
         value = (False, e if picklable(e) is not None else RuntimeError(f"{type(e).__name__}: {e}"))
@@ -147,4 +151,4 @@ def _serve(path: str, parent: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))
+    _serve(int(sys.argv[1]))
