@@ -64,7 +64,7 @@ def test_every_collective_end_to_end(tmp_path, name, hw):
     """Every collective, each spelling on the small topology, each collective once on MI250."""
     # a short limit: what is checked is that every collective plans, lowers, verifies and writes, not
     # how good its program is (tests/test_program_costs.py and the benchmarks judge that)
-    out = compile_json(tmp_path, name, "--hw", hw, "--size", "1MB", "--time-limit", "5", "-o", "a.xml")
+    out = compile_json(tmp_path, name, "--hw", hw, "--size", "1MB", "--time-limit", "2", "-o", "a.xml")
     assert out["verified"] and out["xml"] == "a.xml"
     text = (tmp_path / "a.xml").read_text()
     etree.fromstring(text.encode())
@@ -94,7 +94,7 @@ def test_same_input_same_bytes(tmp_path, args):
 
 def test_size_range_protocol_and_instances(tmp_path):
     out = compile_json(tmp_path, "allgather", "--hw", "dgx-a100", "--size-range", "1MB:64MB", "--proto", "LL",
-                       "--instances", "2", "-o", "b.xml")
+                       "--instances", "2", "--time-limit", "3", "-o", "b.xml")
     root = etree.fromstring((tmp_path / "b.xml").read_bytes())
     assert root.get("minBytes") == "1000000" and root.get("maxBytes") == str(64 * 10**6 - 1)
     assert root.get("proto") == "LL" and out["nchannels"] >= 2

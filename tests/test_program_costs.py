@@ -197,10 +197,15 @@ def test_auto_stops_once_a_program_is_good_enough(topo):
 
 
 @pytest.mark.long
-def test_auto_keeps_a_program_no_slower_than_any_constructive_candidate_s(topo):
+def test_auto_keeps_a_program_no_slower_than_any_constructive_candidate_s(topo, monkeypatch):
     """Where step latency binds, plans rank programs poorly (hier with 1 chunk plans slower than
     with 4, its program is faster); auto ranks the constructive candidates by their programs, so
     what it writes is no slower than any of them lowered and timed here with one instance."""
+    import compiler.planners.auto as A
+    candidates = A.candidates
+    # the optimisers left out: they only add candidates, and planning and judging them took 45 of this test's 55 s
+    monkeypatch.setattr(A, "candidates", lambda *a: ([m for m in candidates(*a)[0] if m in A.CONSTRUCTIVE],
+                                                     candidates(*a)[1]))
     t = topo("dgx2", 2)
     size = 65536
     # the default 60 s: each count is lowered with two placements, and with a 30 s limit on a loaded
