@@ -581,29 +581,32 @@ class _Emitter:
         does not clobber (an in-place self-copy) still orders other accesses to the slot. `after`:
         more steps to wait for (send pacing and gates: _RankGen.paced)."""
         need: dict[int, int] = {}  # thread block -> the latest of its steps this one must wait for
-
-        def want(target: tuple[int, int] | None) -> None:
-            if target is not None and target[0] != tb and need.get(target[0], -1) < target[1]:
-                need[target[0]] = target[1]
-
-        if self.alias is same:
+        if self.alias is same or not (reads or writes):
             reads_n, writes_n = reads, writes
         else:
             reads_n = [self.alias(s) for s in reads]
             writes_n = [self.alias(s) for s in writes]
         writer, readers = self.writer, self.readers
+        # want(target) written out in the loops below (a closure per step was a tenth of lowering): wait
+        # for `target` where it is another thread block's step later than any of its steps waited for so far
         for s in reads_n:
-            want(writer.get(s))
+            w = writer.get(s)
+            if w is not None and w[0] != tb and need.get(w[0], -1) < w[1]:
+                need[w[0]] = w[1]
         for s in writes_n:
-            want(writer.get(s))
+            w = writer.get(s)
+            if w is not None and w[0] != tb and need.get(w[0], -1) < w[1]:
+                need[w[0]] = w[1]
             for r in readers.get(s, ()):
-                want(r)
+                if r[0] != tb and need.get(r[0], -1) < r[1]:
+                    need[r[0]] = r[1]
         known = self.known[tb]
-        deps = sorted((d, k) for d, k in need.items() if known[d] < k) if need else []
+        deps = sorted([(d, k) for d, k in need.items() if known[d] < k]) if need else []
         if after:
             for target in after:
-                want(target)
-            paced = sorted((d, k) for d, k in need.items() if known[d] < k)
+                if target[0] != tb and need.get(target[0], -1) < target[1]:
+                    need[target[0]] = target[1]
+            paced = sorted([(d, k) for d, k in need.items() if known[d] < k])
             if len(paced) > max(1, len(deps)):  # the pacing wait costs a nop
                 if self.pace_budget is None or self.pace_nops < self.pace_budget:
                     self.pace_nops += 1
@@ -623,15 +626,15 @@ class _Emitter:
         self.known[tb] = known
         idx = len(steps)
         self.seq += 1
-        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, seq=self.seq))
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, self.seq))
         self.snap[(tb, idx)] = (known, idx)
         for s, orig in zip(reads_n, reads):
             if orig[0] == "i" and s in self.clobbered:
                 self.inplace_ok = False
-            self.readers.setdefault(s, []).append((tb, idx))
+            readers.setdefault(s, []).append((tb, idx))
         for s in writes_n:
-            self.writer[s] = (tb, idx)
-            self.readers[s] = []
+            writer[s] = (tb, idx)
+            readers[s] = []
             if clobbers:
                 self.clobbered.add(s)
         return idx
