@@ -215,6 +215,11 @@ FILL_LOWERINGS = 4  # a candidate is judged in the time left after those judged 
 JUDGED = 3  # candidates (the best planned) whose programs are realised and timed when a judge is given
 CONSTRUCTIVE = ("direct", "relay", "oneshot", "ring", "hier", "swap", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
+# seconds to the planning deadline under which the optimisers plan in this process: a second one starts and imports
+# cvxpy (1.6 s) before it plans, and answers late. At --time-limit 2 (1.1 s left) it only delayed: a DGX A100 library
+# of allgather and allreduce, 1 KB-1 GB, took 55 s, 33 s with one process, for the same programs; at 3 (1.6 s
+# left) it still paid (MI250 allgather 1 MB: rounds at 0.733 of the floor beside, trees at 0.655 alone)
+BESIDE_MIN_S = 1.5
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
 
 
@@ -579,9 +584,11 @@ class Search:
 
     def beside(self, demand: Demand) -> Background | None:
         """The optimisers planned in a second process (background.Background, _optimise) while this
-        one judges the constructive candidates, where auto may use two processes and an optimiser
-        is a candidate; None otherwise."""
-        if workers(self.options.workers) < 2 or not self.optimisers(demand):
+        one judges the constructive candidates, where auto may use two processes, an optimiser is a
+        candidate and the deadline leaves the second process time to start (BESIDE_MIN_S); None
+        otherwise."""
+        if workers(self.options.workers) < 2 or not self.optimisers(demand) or \
+                self.deadline - time.perf_counter() < BESIDE_MIN_S:
             return None
         options = replace(self.options, judge=None, probe=None, progress=picklable(self.options.progress))
         return Background.start(_optimise, (self.topo, demand, options, self.deadline, self.refinements,
