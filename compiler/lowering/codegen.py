@@ -587,8 +587,9 @@ class _Emitter:
             reads_n = [self.alias(s) for s in reads]
             writes_n = [self.alias(s) for s in writes]
         writer, readers = self.writer, self.readers
-        # want(target) written out in the loops below (a closure per step was a tenth of lowering): wait
-        # for `target` where it is another thread block's step later than any of its steps waited for so far
+        # want(target) written out in the loops below (a closure made per step, and its calls, were 4 % of
+        # lowering): wait for `target` where it is another thread block's step later than any of its steps
+        # waited for so far
         for s in reads_n:
             w = writer.get(s)
             if w is not None and w[0] != tb and need.get(w[0], -1) < w[1]:

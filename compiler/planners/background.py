@@ -110,9 +110,13 @@ class Background:
 def _send(pipe, work: bytes) -> None:
     try:
         pipe.write(work)
-        pipe.close()
     except (BrokenPipeError, ValueError, OSError):  # the second process ended (or was stopped) before it read it all
         pass
+    finally:
+        try:
+            pipe.close()  # the file is closed even where flushing what is left fails
+        except OSError:
+            pass
 
 
 def _die_with(parent: int) -> None:
