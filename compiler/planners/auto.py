@@ -216,9 +216,9 @@ JUDGED = 3  # candidates (the best planned) whose programs are realised and time
 CONSTRUCTIVE = ("direct", "relay", "oneshot", "ring", "hier", "swap", "trees")  # built, not solved: planned at every chunking before any optimiser
 OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process where auto may use two (Search.beside)
 # seconds to the planning deadline under which the optimisers plan in this process: a second one starts and imports
-# cvxpy (1.6 s) before it plans, and answers late. At --time-limit 2 (1.1 s left) it only delayed: a DGX A100 library
-# of allgather and allreduce, 1 KB-1 GB, took 55 s, 33 s with one process, its bands' programs the same; at 3 (1.6 s
-# left) it still paid (MI250 allgather 1 MB: rounds at 0.733 of the floor beside, trees at 0.655 alone)
+# cvxpy (1.6 s) before it plans, and answers late. At --time-limit 2 (1.1 s left) it only delayed: a DGX A100
+# library of allgather and allreduce, 1 KB-1 GB, took 55 s, 33 s with one process (18 of 20 bands' programs the
+# same); at 3 (1.6 s left) it still paid (MI250 allgather 1 MB: rounds at 0.733 of the floor beside, trees at 0.655)
 BESIDE_MIN_S = 1.5
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
 
