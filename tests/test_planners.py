@@ -132,6 +132,29 @@ def test_the_lp_horizon_search_starts_where_the_farthest_pair_can_first_be_reach
     assert int(tried[0]) == reach and s.lp_value >= reach * te.tau * (1 - 1e-9)
 
 
+def test_the_lp_tries_a_horizon_whose_model_fits_the_time_left_and_no_other(monkeypatch):
+    """With under half a second left, DGX-1 alltoall's LP (2168 flow variables, about 0.2 s) is
+    still solved: a fixed half-second floor left it out at --time-limit 5 in about half the runs,
+    and auto wrote ring's program at 0.42 of the floor instead of lp's at 0.82. DGX-2 x 2's (12408
+    flows, about 2 s) is refused with a second left, before its model is built: it could only
+    end past the deadline."""
+    import time
+    from compiler.planners import lp
+    dgx1 = load_topology("dgx1")
+    small = make_demand("alltoall", dgx1.ngpus, 32 * 10**6)
+    plan(dgx1, small, PlanOptions(method="lp", time_limit=30))  # cvxpy and HiGHS loaded: what is timed is the LP
+    s = plan(dgx1, small, PlanOptions(method="lp", time_limit=30, deadline=time.perf_counter() + 0.45, fallback=False))
+    assert s.status == "rounded" and simulate(dgx1, s).bound_ratio > 0.7
+    built = []
+    monkeypatch.setattr(lp.FluidModel, "__init__", lambda self, *a, **k: built.append(a))
+    dgx2 = load_topology("dgx2", 2)
+    with pytest.raises(InfeasibleError, match="no horizon tried: 12408 flow variables"):
+        plan(dgx2, make_demand("alltoall", dgx2.ngpus, GB), PlanOptions(method="lp", time_limit=30,
+                                                                        deadline=time.perf_counter() + 1.0,
+                                                                        fallback=False))
+    assert not built
+
+
 def test_lp_refuses_copies():
     with pytest.raises(CompileError, match="lp: allgather copies chunks"):
         planned(load_topology("dgx2"), "allgather", method="lp")

@@ -39,6 +39,13 @@ LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the probl
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
 FLOW_PENALTY = 1e-4
 TOL = 1e-7
+# a horizon is tried where the time left exceeds this many seconds per flow variable, and MIN_LEFT_S (cvxpy's
+# canonicalisation and HiGHS took 1.0e-4 s per flow on DGX-1 alltoall, 2168 flows, and 1.5e-4 on DGX-2 x 2, 12408;
+# building the model a fiftieth of that). It was a fixed 0.5 s: at --time-limit 5, DGX-1 alltoall 32 MB's LP was
+# left out with 0.3-0.48 s to go in about half the runs, and ring's program, at 0.42 of the floor, was written
+# instead of lp's, at 0.82
+SECONDS_PER_FLOW = 1e-4
+MIN_LEFT_S = 0.1
 
 
 def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,12 +69,13 @@ def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, 
 class FluidModel:
     """The LP at one horizon. Variables f (flows, chunk units), H (held at start of epoch)."""
 
-    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, sym: Symmetry | None = None):
+    def __init__(self, topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, sym: Symmetry | None = None,
+                 flows=None):
         self.sym = sym
         self.sources, src, amount = commodity_masks(demand, sym.reps if sym else None)
         self.amount = amount
         S, N, K = len(self.sources), topo.ngpus, horizon
-        self.flows = flows = useful_flows(topo, src, amount > 0, te, horizon)
+        self.flows = flows = fluid_flows(topo, demand, te, horizon, sym) if flows is None else flows
         nf = len(flows)
         if nf == 0:
             raise InfeasibleError(f"lp: no route delivers the demand within {horizon} epochs")
@@ -92,6 +100,12 @@ class FluidModel:
 
     def solve(self, time_limit: float, verbose: bool, deadline: float | None = None):
         return solve(self.problem, time_limit=time_limit, verbose=verbose, ipm=True, deadline=deadline)
+
+
+def fluid_flows(topo: Topology, demand: Demand, te: TimeExpansion, horizon: int, sym: Symmetry | None = None):
+    """The flow variables of the LP at `horizon` (FluidModel's; known before the model is built)."""
+    _, src, amount = commodity_masks(demand, sym.reps if sym else None)
+    return useful_flows(topo, src, amount > 0, te, horizon)
 
 
 # ---- the LP's equations (fluid amounts per epoch; the MILP's are in constraints.py) ---------------
@@ -313,12 +327,15 @@ def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     tried = []
     model = None
     while True:
+        flows = fluid_flows(topo, demand, te, k, sym)
         left = options.left(t0)
-        if left <= 0.5:
-            what = f"tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us" if tried else "no horizon tried"
+        if left <= max(MIN_LEFT_S, SECONDS_PER_FLOW * len(flows)):
+            what = f"tried {', '.join(tried)} epochs of {te.tau * 1e6:.4g} us" if tried else \
+                f"no horizon tried: {len(flows)} flow variables at {k} epochs, about " \
+                f"{SECONDS_PER_FLOW * len(flows):.2g} s, {max(0.0, left):.2g} s left"
             raise InfeasibleError(f"lp: no feasible horizon found within the time limit of {options.time_limit:g} s "
                                   f"({what})")
-        m = FluidModel(topo, demand, te, k, sym)
+        m = FluidModel(topo, demand, te, k, sym, flows)
         res = m.solve(left * 0.6, options.verbose, options.deadline)
         tried.append(str(k))
         if not res.has_solution and res.status != "infeasible":
