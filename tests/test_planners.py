@@ -155,6 +155,18 @@ def test_the_lp_tries_a_horizon_whose_model_fits_the_time_left_and_no_other(monk
     assert not built
 
 
+def test_an_allreduce_past_its_deadline_gives_its_phases_no_time_not_less():
+    """A failure of the reduce-scatter phase names its time limit: 0, not a negative one."""
+    import time
+    from compiler.planners.reductions import AllreducePhases, Problem
+    t = tiny("fully-connected", 4)
+    options = PlanOptions(method="milp", time_limit=5, deadline=time.perf_counter() - 0.3, fallback=False)
+    (first, second), _ = AllreducePhases().apply(Problem(t, make_demand("allreduce", 4, GB), options))
+    assert first.options.time_limit == 0.0 and first.options.deadline <= time.perf_counter()
+    with pytest.raises(InfeasibleError, match="time_limit=0 s"):
+        plan(t, make_demand("allreduce", 4, GB), options)
+
+
 def test_lp_refuses_copies():
     with pytest.raises(CompileError, match="lp: allgather copies chunks"):
         planned(load_topology("dgx2"), "allgather", method="lp")

@@ -153,7 +153,9 @@ class AllreducePhases:
     def apply(self, problem: Problem) -> tuple[tuple[Problem, ...], Demand]:
         rs, ag = allreduce_phases(problem.demand)
         options = problem.options
-        half = (options.deadline - time.perf_counter()) / 2  # the reduce-scatter phase may not take it all
+        # the reduce-scatter phase may not take it all; none where the deadline has passed (a failure then said
+        # "time_limit=-0.15 s")
+        half = max(0.0, options.deadline - time.perf_counter()) / 2
         first = replace(options, deadline=time.perf_counter() + half, time_limit=min(options.time_limit, half))
         return (Problem(problem.topology, rs, first), Problem(problem.topology, ag, options)), problem.demand
 
