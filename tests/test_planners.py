@@ -195,6 +195,29 @@ def test_auto_solves_in_windows_when_the_exact_model_fails(monkeypatch):
     assert m.finish_time_s <= ring.finish_time_s
 
 
+def test_auto_plans_relay_where_the_optimisers_it_was_left_out_for_plan_nothing(monkeypatch):
+    """On one DGX-1 relay is left out where ring and an optimiser are candidates; where the
+    optimisers then plan nothing (here they fail; at --time-limit 2 the limit came first), relay
+    is planned after all: ring/1ch, all that was left at 2 s, was written at 0.195 of the floor,
+    relay's program is 0.452. Where the LP plans, relay stays out."""
+    from compiler.planners.auto import RELAY_FOR_OPTIMISERS
+    from compiler.planners.registry import PLANNERS, get
+
+    def fails(topo, demand, options):
+        raise InfeasibleError("no schedule (test)")
+
+    topo = load_topology("dgx1")
+    _, s, _ = planned(topo, "alltoall", method="auto", time_limit=20, refine=False, size=32 * 10**6)
+    assert s.planner == "lp" and RELAY_FOR_OPTIMISERS in " ".join(s.notes)
+    for method in ("lp", "milp", "rounds"):
+        get(method)
+        monkeypatch.setitem(PLANNERS, method, fails)
+    _, s, m = planned(topo, "alltoall", method="auto", time_limit=20, refine=False, size=32 * 10**6)
+    assert s.planner == "relay" and RELAY_FOR_OPTIMISERS not in " ".join(s.notes)
+    _, _, ring = planned(topo, "alltoall", method="ring", size=32 * 10**6)
+    assert m.finish_time_s < 0.5 * ring.finish_time_s
+
+
 def test_auto_cuts_chunks_into_the_nearest_count_of_whole_elements(monkeypatch):
     """10^6 bytes of int8 on DGX-2 x 2: chunks of 31,250 bytes, which 4 and 8 sub-chunks would split.
     auto tries 5 and 10 instead (the nearest counts that do not), rather than stopping at 2; a size

@@ -124,7 +124,7 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
                 (topo.nodes == 1 and topo.ngpus > RELAY_BESIDE_OPTIMISERS):
             tried.insert(0, "relay")
         else:
-            skipped.append("relay (ring and an optimiser are candidates)")
+            skipped.append(RELAY_FOR_OPTIMISERS)
     return tried, skipped
 
 
@@ -176,6 +176,8 @@ def oneshot_apart(topo: Topology, demand: Demand) -> tuple[int, int] | None:
 TREES_MAX_FLOWS = 20_000  # trees is constructive, planned in about a second: its LP took 1.7 s at 26,496 flow
 # variables (a 24-GPU ring) and 108 s at 126,976 (a 4 x 8 torus; one MI250 node has 1,344)
 RELAY_BESIDE_OPTIMISERS = 16  # GPUs of one node above which relay is a candidate even beside ring and an optimiser
+RELAY_FOR_OPTIMISERS = "relay (ring and an optimiser are candidates)"  # left out for them: planned after all where
+# none of them planned (Search.relay_without_optimisers)
 SWAP_MIN_SHARE = 0.01  # of the bound: a network crossing's alpha, under which swap is not judged. Its programs were
 # the faster up to 25 MB (DGX H100 x 2 allreduce 128 KB, 0.568 -> 0.775 of the floor at 10 s; DGX-2 x 2 4 MB
 # 0.773 -> 0.847 at 60 s; DGX A100 x 2 25 MB 0.836 -> 0.868 at 10 s), and 1-2 % slower at 256 MB (DGX A100 x 2:
@@ -410,8 +412,10 @@ class Search:
             self.refinings[parts] = (refine, d, inverse, found)
         return self.refinings[parts]
 
-    def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int) -> None:
-        """Plan `d` with `method` in its share of the time left, and judge it with the simulator."""
+    def candidate(self, d: Demand, refine: Refine, inverse: None, method: str, methods: list[str], n: int,
+                  anyway: bool = False) -> None:
+        """Plan `d` with `method` in its share of the time left (`anyway`: even with a second or less
+        left), and judge it with the simulator."""
         from compiler.planners.registry import MODULES, plan as plan_with
         from compiler.analysis.links import protocol_names
         from compiler.analysis.simulate import best_ideal
@@ -435,7 +439,7 @@ class Search:
                                     f"{ring_s / best:.0f}x the best plan)")
                 return
         left = self.deadline - time.perf_counter()
-        if left <= 1.0 and self.results:
+        if left <= 1.0 and self.results and not anyway:
             self.skipped.append(f"{method} at {parts}x (time limit reached)")
             return
         # the whole chunks get most of the time: they are the cheapest model and often enough
@@ -518,6 +522,19 @@ class Search:
         self.enough = (f"finer chunks and the optimisers (the program of {top.method} at {top.parts}x already "
                        f"reaches {top.program_ratio:.3f} of the bound; --good-enough {self.options.good_enough:g})")
         return True
+
+    def relay_without_optimisers(self, demand: Demand) -> None:
+        """relay at whole chunks where it was left out for ring and an optimiser (candidates) and no
+        optimiser planned a candidate (the time limit came first, or they failed): it plans in
+        milliseconds, and ring's program can be far slower (DGX-1 alltoall 32 MB at --time-limit 2:
+        the LP had no time, and ring/1ch was written at 0.195 of the floor; relay's program is 0.452)."""
+        if self.enough or (1, "relay") in self.planned or any(c.method in OPTIMISERS for c in self.results):
+            return
+        refine, d, inverse, (_, left_out) = self.refined(demand, 1)
+        if RELAY_FOR_OPTIMISERS not in left_out or d.chunk_bytes % self.options.element_bytes:
+            return
+        self.skipped = [x for x in self.skipped if x != RELAY_FOR_OPTIMISERS]
+        self.candidate(d, refine, inverse, "relay", ["relay"], 0, anyway=True)
 
     def one_iteration(self, demand: Demand) -> Candidate | None:
         """direct with its chunks cut to fit one kernel iteration each (iteration_parts), planned
@@ -800,6 +817,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     for n in range(len(search.refinements)):
         if not search.chunking(demand, n):
             break
+    search.relay_without_optimisers(demand)
     if not search.results:
         raise CompileError("auto: no planner produced a schedule (" + "; ".join(search.failed or search.skipped) + ")")
     search.results.sort(key=lambda c: (c.finish_time_s, c.parts, c.method))
