@@ -55,6 +55,8 @@ def test_run_refuses_a_world_size_mismatch(tmp_path):
     assert run_cli("allgather", "--hw", "hub-and-spoke:4", "-o", "ag.xml", cwd=tmp_path).returncode == 0
     proc = run_cli("run", "ag.xml", "--nprocs", "2", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    # refused from the file's header, before torch is imported (3 s), naming the file
+    assert "--nprocs: 2 processes, but ag.xml is for ngpus=4" in proc.stderr, proc.stderr
 
 
 def test_bench_command_prints_nccl_tests_columns(tmp_path):
