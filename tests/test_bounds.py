@@ -1,4 +1,5 @@
 from dataclasses import replace
+from importlib import resources
 
 import pytest
 
@@ -364,3 +365,26 @@ def test_no_program_beats_the_node_cut_floor(hw):
                         program = lower(s, t, LowerOptions(proto=proto, **kw))
                         assert time_program(program, t, size).finish_time_s >= floor * (1 - 1e-9), \
                             (collective, method, proto, kw, size)
+
+
+def test_min_cut_of_links_at_the_schema_maximum_bandwidth_is_not_an_int32_overflow(tmp_path):
+    """scipy's max-flow takes int32 capacities: a profile whose links are all at 100,000 GB/s (the
+    schema's maximum) overflowed MB/s units (an internal error). Max-flow is linear in the capacities,
+    so the cut is 10^4 times that of the same profile at 10 GB/s."""
+    import json
+
+    def profile(gbps: int) -> str:
+        doc = json.loads(resources.files("hw_profiles").joinpath("dgx-a100.json").read_text())
+
+        def scaled(o):
+            if isinstance(o, dict):
+                return {k: gbps if k == "bandwidth_GBps" else scaled(v) for k, v in o.items()}
+            return [scaled(v) for v in o] if isinstance(o, list) else o
+        path = tmp_path / f"a{gbps}.json"
+        path.write_text(json.dumps({**scaled(doc), "name": f"a{gbps}"}))
+        return str(path)
+    slow, fast = (load_topology(profile(g), nodes=2) for g in (10, 100_000))
+    half = range(slow.ngpus // 2)
+    assert min_cut(fast, half) == pytest.approx(1e4 * min_cut(slow, half), rel=1e-6)
+    assert min_cut(fast, [0]) == pytest.approx(1e4 * min_cut(slow, [0]), rel=1e-6)
+    assert bound_for(fast, make_demand("allgather", fast.ngpus, 10**6)).bandwidth_s > 0

@@ -37,6 +37,8 @@ from compiler.model.topology import Topology
 
 EXACT_MAX_VERTICES = 18  # 2^18 vertex sets: well under a second with numpy
 CAP_UNIT = 1e6  # max-flow runs on integer MB/s
+INT32_MAX = 2**31 - 1
+COARSE_UNITS = 2**30  # a flow network's links' capacity in all, in units, where MB/s would not fit int32
 
 
 @dataclass(frozen=True)
@@ -160,13 +162,20 @@ class _FlowNet:
         self.in_side = {g: v + k for k, g in enumerate(split)}
         self.nv = v + len(split) + 2
         self.source, self.sink = self.nv - 2, self.nv - 1
-        rows, cols, caps = [], [], []
+        rows, cols, links = [], [], []
         for l in topo.links:
             if gpus is not None and any(topo.is_gpu(x) and x not in gpus for x in (l.src, l.dst)):
                 continue
             rows.append(l.src)
             cols.append(self.in_side.get(l.dst, l.dst))
-            caps.append(max(1, round(l.capacity / CAP_UNIT)))
+            links.append(l.capacity)
+        # scipy's max-flow takes int32 capacities (int64 ones give a flow of 0), and the sources' and sinks'
+        # edges carry the sum: where MB/s would pass that, a coarser unit
+        self.unit = CAP_UNIT
+        caps = [max(1, round(c / self.unit)) for c in links]
+        if sum(caps) + 1 > INT32_MAX:
+            self.unit = sum(links) / COARSE_UNITS
+            caps = [max(1, round(c / self.unit)) for c in links]
         self.rows, self.cols, self.caps = rows, cols, caps
         self.inf = int(sum(caps)) + 1
 
@@ -176,7 +185,7 @@ class _FlowNet:
         caps = self.caps + [self.inf] * (len(sources) + len(sinks))
         m = csr_matrix((np.array(caps, dtype=np.int32), (rows, cols)), shape=(self.nv, self.nv))
         m.sum_duplicates()
-        return maximum_flow(m, self.source, self.sink).flow_value * CAP_UNIT
+        return maximum_flow(m, self.source, self.sink).flow_value * self.unit
 
 
 def min_cut(topo: Topology, inside) -> float:
