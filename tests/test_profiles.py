@@ -158,6 +158,11 @@ BROKEN = [
     ("vanishing bandwidth", lambda d: d["links"][2].update(bandwidth_GBps=1e-300), "links[2].bandwidth_GBps",
      "1e-300 must be >= 0.001"),
     ("huge alpha", lambda d: d["links"][0].update(alpha_us=1e300), "links[0].alpha_us", "must be <= 10000"),
+    # a misspelt link kind in a runtime override was accepted and changed nothing
+    ("step_us link kind", lambda d: d.update(runtime={"protocols": {"Simple": {"step_us": {"nvlinkk": 5}}}}),
+     "runtime.protocols.Simple.step_us", "'nvlinkk'"),
+    ("tb_GBps link kind", lambda d: d.update(runtime={"protocols": {"LL": {"tb_GBps": {"nvlnk": 1}}}}),
+     "runtime.protocols.LL.tb_GBps", "'nvlnk'"),
 ]
 
 
