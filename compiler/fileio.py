@@ -91,6 +91,24 @@ def check_writable(path: str | os.PathLike, field: str = "") -> None:
         raise CompileError(f"{where}{path}: the file exists and is not writable")
 
 
+def distinct_outputs(outputs: list[tuple], inputs: list[tuple[str, str | os.PathLike | None]] = ()) -> None:
+    """Fail now where two outputs are one file (the last written would silently replace the other,
+    both reported as written) or an output is an input file (read, then overwritten). outputs:
+    (the option that names it, the path or None where not given[, what the file is, where not the
+    option's file]); inputs: (the option, or "" for the positional file, and the path)."""
+    seen: dict[str, str] = {}
+    for field, path in inputs:
+        if path:
+            seen.setdefault(os.path.realpath(path), f"the input {field}" if field else "the input file")
+    for field, path, *what in outputs:
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise CompileError(f"{field}: {path} is also {seen[key]}; give each output a path of its own")
+        seen[key] = what[0] if what else f"{field}'s file"
+
+
 def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
     data = text.encode("utf-8") if isinstance(text, str) else text
     staged = _stage(path, data)

@@ -244,9 +244,13 @@ def xml_files(program: Program, path: str, runtime: str, runtimes: tuple[str, ..
     files = [XmlFile(path, program, runtimes[0] if len(runtimes) == 1 else ALL)]
     twin = twin_runtime(program.collective, runtime, runtimes)
     if twin is not None:
-        legacy = path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
-        files.append(XmlFile(legacy, program, twin))
+        files.append(XmlFile(twin_path(path), program, twin))
     return tuple(files)
+
+
+def twin_path(path: str) -> str:
+    """Where xml_files writes the twin runtime's file of `path`."""
+    return path[:-4] + ".legacy.xml" if path.endswith(".xml") else path + ".legacy"
 
 
 # ---- libraries ----------------------------------------------------------------------------------------

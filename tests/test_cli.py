@@ -117,6 +117,33 @@ def test_no_half_written_file_on_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+ONE_FILE = [  # two outputs that are one file, or an output that is the input: the last write replaced the
+    # other and both were reported written (a report's -o replaced the XML it read)
+    (("allgather", "--hw", "dgx1", "--method", "ring", "-o", "a.xml", "--schedule-out", "a.xml"),
+     "--schedule-out: a.xml is also -o's file"),
+    (("allgather", "--hw", "dgx1", "--method", "ring", "-o", "a.xml", "--report", "./a.xml"), "--report: ./a.xml"),
+    (("reduce_scatter", "--hw", "dgx1", "--method", "ring", "-o", "a.xml", "--schedule-out", "a.legacy.xml"),
+     "the old runtime's twin of -o's file"),
+    (("report", "in.xml", "--hw", "dgx1", "--size", "1MB", "-o", "in.xml"), "-o: in.xml is also the input file"),
+    (("report", "in.xml", "--hw", "dgx1", "--size", "1MB", "-o", "r.html", "--png", "r.html"), "--png: r.html"),
+    (("lower", "in.json", "--hw", "dgx1", "-o", "in.json"), "-o: in.json is also the input file"),
+    (("replan", "in.json", "--hw", "dgx1", "--degrade", "0-4=0.5", "-o", "in.json"), "-o: in.json is also the input"),
+    # and an -o that names no file written (it went unsaid, or fell back to the default name)
+    (("allgather", "--hw", "dgx1", "--no-xml", "-o", "a.xml"), "-o: a.xml would not be written: --no-xml"),
+    (("allgather", "--hw", "dgx1", "--method", "ring", "-o", ""), "-o: the path is empty"),
+]
+
+
+@pytest.mark.parametrize("args,needle", ONE_FILE, ids=[" ".join(a[:1] + a[-4:]) for a, _ in ONE_FILE])
+def test_an_output_that_is_another_output_or_the_input_is_refused_before_any_work(tmp_path, args, needle):
+    (tmp_path / "in.xml").write_text("<algo/>")  # refused before either is read
+    (tmp_path / "in.json").write_text("{}")
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "in.xml"]
+    assert (tmp_path / "in.xml").read_text() == "<algo/>" and (tmp_path / "in.json").read_text() == "{}"
+
+
 @pytest.mark.parametrize("args,needle", [
     (("allgather", "--hw", "dgx2", "--proto", "LL256"), "--proto"),
     (("allgather", "--hw", "dgx2", "--size-range", "1GB:1MB"), "LO above HI"),

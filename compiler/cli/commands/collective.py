@@ -98,6 +98,7 @@ def run(args) -> int:
         refuse_unsupported(args.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
     demand = build_demand(args, topo, warnings)
+    distinct_outputs(args, demand, topo)
     if args.instances and not args.no_xml:
         check_instances(demand, args.instances, DTYPE_BYTES[args.dtype])
     for w in warnings:
@@ -238,9 +239,28 @@ def require_memory(collective: str, ngpus: int, chunks: int, endpoints: int, del
                    f"{collective} on {ngpus:,} GPUs ({deliveries:,} deliveries)")
 
 
+def distinct_outputs(args, demand, topo) -> None:
+    """No two of the files the command writes are one (-o's XML and its twin, --schedule-out, --report)."""
+    from compiler.fileio import distinct_outputs as distinct
+    from compiler.pipeline import default_xml_name, twin_path
+    from compiler.specs.runtimes import target_runtimes, twin_runtime
+    xml = twin = None
+    if not args.no_xml:
+        xml = args.output or default_xml_name(demand, topo)
+        runtimes = target_runtimes(demand.collective, args.runtime, topo.vendor)
+        if twin_runtime(demand.collective, args.runtime, runtimes) is not None:
+            twin = twin_path(xml)
+    distinct([("-o", xml), ("-o", twin, "the old runtime's twin of -o's file"), ("--schedule-out", args.schedule_out),
+              ("--report", args.report)], [("--demand", getattr(args, "demand", None))])
+
+
 def output_checks(args, warnings: list[str]) -> None:
     """What can be known before planning: the files can be written, the size fits the range."""
     from compiler.fileio import check_writable
+    if args.output == "":
+        raise ArgumentError("-o: the path is empty")
+    if args.no_xml and args.output:
+        raise ArgumentError(f"-o: {args.output} would not be written: --no-xml writes no XML; give one or the other")
     if not args.no_xml and args.output:
         check_writable(args.output, "-o")
     if args.schedule_out:

@@ -34,8 +34,9 @@ def saved_schedule(args):
 
 
 def run(args) -> int:
-    from compiler.fileio import check_writable
+    from compiler.fileio import check_writable, distinct_outputs
     from compiler.pipeline import CompileOptions, compile_schedule
+    distinct_outputs([("-o", args.output), ("--report", args.report)], [("", args.schedule)])
     if args.output:
         check_writable(args.output, "-o")
     if args.report:

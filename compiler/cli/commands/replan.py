@@ -85,10 +85,13 @@ def link_checks(topo, schedule, metrics, pairs) -> dict:
 
 def run(args) -> int:
     from compiler.analysis.simulate import simulate
-    from compiler.fileio import check_writable
+    from compiler.fileio import check_writable, distinct_outputs
     from compiler.pipeline import CompileOptions, compile_schedule
     from compiler.replan import ReplanOptions, replan
     from compiler.specs.errors import CompileError
+    # --schedule-out may replace the schedule read (re-planning it again, in place): -o may not
+    distinct_outputs([("-o", args.output), ("--schedule-out", args.schedule_out)])
+    distinct_outputs([("-o", args.output)], [("", args.schedule)])
     if args.output:
         check_writable(args.output, "-o")
     if args.schedule_out:

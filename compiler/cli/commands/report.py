@@ -38,6 +38,8 @@ def check_outputs(html: str | None, png_dir: str | None, html_flag: str = "-o") 
 def run(args) -> int:
     if not args.output and not args.png:
         raise ArgumentError("report: nothing to write: give -o FILE.html, --png DIR or both")
+    from compiler.fileio import distinct_outputs
+    distinct_outputs([("-o", args.output), ("--png", args.png)], [("", args.file)])
     check_outputs(args.output, args.png)
     from backends.report import report_for_program, write_report
     program, topo, _ = program_on(args)
