@@ -193,3 +193,23 @@ def test_json_has_no_infinity_or_nan(capsys):
     emit_json({"algbw_GBps": float("inf"), "rows": [{"t": float("nan")}, (1.5, -float("inf"))], "n": 3})
     strict = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert strict == {"algbw_GBps": None, "rows": [{"t": None}, [1.5, None]], "n": 3}
+
+
+def test_verify_and_simulate_print_what_the_reader_accepted_with_a_warning(tmp_path):
+    """A step numbered off its position (the runtimes number steps by position: a dependency on it
+    may misfire) was read with a note no command printed: verify said "correct", nothing else."""
+    assert run_cli("allgather", "--hw", "dgx1", "--size", "1MB", "--method", "ring", "-o", "a.xml",
+                   cwd=tmp_path).returncode == 0
+    text = (tmp_path / "a.xml").read_text()
+    assert text.count(' s="1" ') > 0
+    (tmp_path / "b.xml").write_text(text.replace(' s="1" ', ' s="7" ', 1))
+    for args in (("verify", "a.xml"), ("simulate", "a.xml", "--hw", "dgx1", "--size", "1MB")):
+        assert run_cli(*args, cwd=tmp_path).stderr == ""  # our own files read without a warning
+    for args in (("verify", "b.xml"), ("simulate", "b.xml", "--hw", "dgx1", "--size", "1MB"),
+                 ("report", "b.xml", "--hw", "dgx1", "--size", "1MB", "--no-ring", "-o", "r.html")):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("\n") == 1 and 's="7" differs from its position 1' in proc.stderr, proc.stderr
+    for args in (("verify", "b.xml", "--json"), ("simulate", "b.xml", "--hw", "dgx1", "--size", "1MB", "--json")):
+        warned = json.loads(run_cli(*args, cwd=tmp_path).stdout)["reader_warnings"]
+        assert len(warned) == 1 and "differs from its position" in warned[0]

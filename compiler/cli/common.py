@@ -113,6 +113,21 @@ def load_topology(spec: str, nodes: int = 1) -> "Topology":
     return load(spec, nodes)
 
 
+READER_WARNINGS = 5  # a file's reader warnings printed at most (the rest counted)
+
+
+def reader_warnings(program) -> list[str]:
+    """What reading the file accepted with a warning (a step's s off its position, ignored elements,
+    msccl-tools defaults, strtol spellings: backends/msccl_xml.py), printed on stderr, the first
+    READER_WARNINGS of them; all returned (for --json)."""
+    notes = list(program.notes)
+    for n in notes[:READER_WARNINGS]:
+        print(f"{PROG}: warning: {n}", file=sys.stderr)
+    if len(notes) > READER_WARNINGS:
+        print(f"{PROG}: warning: ... and {len(notes) - READER_WARNINGS} more (--json lists all)", file=sys.stderr)
+    return notes
+
+
 def program_on(args):
     """(program, topology) of a command that times FILE.xml on --hw/--nodes at --size: a file for
     another GPU count is refused naming both, and a size the file's chunks cannot split into whole
@@ -121,6 +136,7 @@ def program_on(args):
     from compiler.specs.collectives import CUSTOM
     program = read_xml(args.file)
     topo = load_topology(args.hw, args.nodes)
+    reader_warnings(program)
     if program.ngpus != topo.ngpus:
         raise ArgumentError(f"{args.file}: ngpus={program.ngpus}, but --hw {args.hw}"
                             f"{f' --nodes {args.nodes}' if args.nodes > 1 else ''} has {topo.ngpus} GPUs")

@@ -37,6 +37,8 @@ def run(args) -> int:
                    proto=program.proto, iterations=timing.iterations)
     if warning:
         out["warning"] = warning
+    if program.notes:
+        out["reader_warnings"] = list(program.notes)
     if args.json:
         emit_json(out)
         return 0

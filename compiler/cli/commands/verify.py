@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import emit_json, positive_int
+from compiler.cli.common import emit_json, positive_int, reader_warnings
 from compiler.specs.runtimes import ALL, CHOICES
 
 HELP = "check an MSCCL XML file: contract rules, deadlock under bounded slots, the result"
@@ -23,6 +23,7 @@ def run(args) -> int:
     from compiler.model.demand import load_custom_demand
     from compiler.program.verify import verify
     program = read_xml(args.file)
+    reader_warnings(program)
     demand = None
     if args.demand:  # cut into the pieces the file's own demand has, if it has one
         pieces = program.demand.chunks_per_rank if program.demand is not None else 1
@@ -37,7 +38,7 @@ def run(args) -> int:
         emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
                    "runtimes": list(verdict.runtimes), "demand": "--demand" if args.demand else
                    "embedded" if program.demand is not None else None,
-                   "collective": program.collective, "ngpus": program.ngpus,
+                   "collective": program.collective, "ngpus": program.ngpus, "reader_warnings": list(program.notes),
                    "findings": [{"rule": f.rule, "rank": f.rank, "tb": f.tb, "step": f.step, "message": f.message}
                                 for f in verdict.findings]})
     else:
