@@ -110,6 +110,13 @@ def test_synthetic_topologies():
     assert load_topology("FullyConnected:3").neighbours(2) == (0, 1)
 
 
+def test_a_synthetic_topology_above_the_gpu_limit_is_refused_before_its_links_are_built():
+    # fully-connected:1025 built its half a million links and took 85 s to be refused by the schema
+    for spec in ("fully-connected:20000", "ring:1025"):
+        with pytest.raises(ProfileError, match=f"{spec}: gpu.count: {spec.split(':')[1]} must be <= 1024"):
+            load_topology(spec)
+
+
 def test_aliases_and_user_profile_file(tmp_path):
     assert load_topology("DGX2").ngpus == 16
     assert load_topology("NDv2").nics[0].gpus == tuple(range(8))

@@ -138,6 +138,9 @@ def synthetic_profile(kind: str, n: int, origin: str) -> dict:
     """A small uniform topology for experiments and tests: 25 GB/s links, 0.7 us per transfer."""
     if n < 2:
         raise ProfileError(f"{origin}: size {n} must be at least 2")
+    most = _schema()["properties"]["gpu"]["properties"]["count"]["maximum"]
+    if n > most:  # before its links are built: fully-connected:1025 has half a million, and the schema took 85 s
+        raise ProfileError(f"{origin}: gpu.count: {n} must be <= {most}")
     bw, al = SYNTHETIC_BW_GBPS, SYNTHETIC_ALPHA_US
     switches: list[dict] = []
     if kind == "fully-connected":
