@@ -213,3 +213,26 @@ def test_verify_and_simulate_print_what_the_reader_accepted_with_a_warning(tmp_p
     for args in (("verify", "b.xml", "--json"), ("simulate", "b.xml", "--hw", "dgx1", "--size", "1MB", "--json")):
         warned = json.loads(run_cli(*args, cwd=tmp_path).stdout)["reader_warnings"]
         assert len(warned) == 1 and "differs from its position" in warned[0]
+
+
+def test_errors_in_a_schedule_or_program_file_name_the_file(tmp_path):
+    """lower said "schedule: chunk 1 never reaches rank 0", and simulate and report "simulate: rank 0
+    tb 0 step 0 can never run", without the file that has it."""
+    assert run_cli("allgather", "--hw", "dgx1", "--size", "1MB", "--method", "ring", "-o", "a.xml",
+                   "--schedule-out", "a.json", cwd=tmp_path).returncode == 0
+    doc = json.loads((tmp_path / "a.json").read_text())
+    (tmp_path / "drop.json").write_text(json.dumps({**doc, "transfers": doc["transfers"][1:]}))
+    proc = run_cli("lower", "drop.json", "--hw", "dgx1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "error: drop.json: " in proc.stderr and "chunk" in proc.stderr, proc.stderr
+    tree = etree.parse(str(tmp_path / "a.xml"))
+    tbs = tree.getroot().find("gpu").findall("tb")
+    for mine, other in ((tbs[0], tbs[1]), (tbs[1], tbs[0])):  # each first step waits for the other's: a cycle
+        mine.find("step").attrib.update({"depid": other.get("id"), "deps": "0", "hasdep": "1"})
+    tree.write(str(tmp_path / "cyc.xml"))
+    for args in (("simulate", "cyc.xml", "--hw", "dgx1", "--size", "1MB"),
+                 ("report", "cyc.xml", "--hw", "dgx1", "--size", "1MB", "--no-ring", "-o", "r.html")):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+        assert "error: cyc.xml: rank 0 tb 0 step 0 can never run" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r.html").exists()

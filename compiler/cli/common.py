@@ -5,6 +5,7 @@ stays free of numpy, scipy, networkx, jsonschema and torch)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -111,6 +112,19 @@ def emit_json(obj) -> None:
 def load_topology(spec: str, nodes: int = 1) -> "Topology":
     from compiler.model.profiles import load_topology as load
     return load(spec, nodes)
+
+
+@contextlib.contextmanager
+def about(path: str):
+    """Errors of the work on the file `path` (timing it, drawing it) name it, where they do not already."""
+    try:
+        yield
+    except CompileError as e:
+        if str(e).startswith(str(path)):
+            raise
+        error = CompileError(f"{path}: {e}")
+        error.exit_status = e.exit_status
+        raise error from None
 
 
 READER_WARNINGS = 5  # a file's reader warnings printed at most (the rest counted)

@@ -191,7 +191,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
             if stuck is None:
                 break
             rank, tb = tbs[stuck]
-            raise CompileError(f"simulate: rank {rank} tb {tb.id} step {s_of[stuck]} can never run "
+            raise CompileError(f"rank {rank} tb {tb.id} step {s_of[stuck]} can never run "
                                "(its message or dependency never comes; run msccl-compile verify)")
         when, since, i = heappop(heap)
         it, s = it_of[i], s_of[i]

@@ -30,6 +30,11 @@ def saved_schedule(args):
     if schedule.topology != topo.name:
         raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {schedule.topology!r}, "
                             f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
+    from compiler.analysis.simulate import ScheduleError, simulate
+    try:  # a transfer out of range or a chunk that never arrives, said with the file that has it
+        simulate(topo, schedule)
+    except ScheduleError as e:
+        raise ScheduleError(f"{args.schedule}: {e}") from None
     return schedule, topo
 
 

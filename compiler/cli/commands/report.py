@@ -6,7 +6,7 @@ matplotlib (the `report` extra) is imported only when a report is written, never
 
 from __future__ import annotations
 
-from compiler.cli.common import ArgumentError, add_hw, emit_json, program_on, size_arg
+from compiler.cli.common import ArgumentError, about, add_hw, emit_json, program_on, size_arg
 from compiler.specs.units import format_time
 
 HELP = "write one self-contained HTML page showing when an MSCCL XML file's links and thread blocks are busy"
@@ -43,7 +43,8 @@ def run(args) -> int:
     check_outputs(args.output, args.png)
     from backends.report import report_for_program, write_report
     program, topo, _ = program_on(args)
-    report = report_for_program(program, topo, args.size, args.file, with_ring=not args.no_ring)
+    with about(args.file):
+        report = report_for_program(program, topo, args.size, args.file, with_ring=not args.no_ring)
     written = write_report(report, args.output, args.png)
     out = summary(report, written)
     if args.json:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import add_hw, busbw, emit_json, lower_bound, program_on, size_arg
+from compiler.cli.common import about, add_hw, busbw, emit_json, lower_bound, program_on, size_arg
 from compiler.specs.collectives import COLLECTIVES, CUSTOM
 from compiler.specs.units import format_size, format_time
 
@@ -22,7 +22,8 @@ def run(args) -> int:
     from compiler.pipeline import demand_chunks, per_second
     from compiler.program.timing import call_bytes, time_program
     program, topo, warning = program_on(args)
-    timing = time_program(program, topo, call_bytes(program, args.size))
+    with about(args.file):
+        timing = time_program(program, topo, call_bytes(program, args.size))
     total, per_chunk = args.size, program.collective == CUSTOM and program.demand is not None
     if per_chunk:  # --size is one chunk of the demand
         total = args.size * demand_chunks(program.demand)[0]
