@@ -246,6 +246,16 @@ def test_offset_past_the_buffer():
     assert "i[0:2]" in next(f.message for f in v.findings if f.rule == "offset")
 
 
+def test_an_offset_out_of_range_says_which_way():
+    """srcoff=-5 was said not to fit the XML's int16, which it does: it is negative."""
+    p = ring_allgather_2tb()
+    for off, why in ((-5, "srcoff=-5 is negative"), (40000, "srcoff=40000 is above the XML's int16 (32767)")):
+        s = list(p.gpus[0].tbs[1].steps)
+        s[0] = replace(s[0], srcoff=off)
+        v = verify(edit(p, 0, 1, s))
+        assert any(f.rule == "offset" and why in f.message for f in v.findings), [f.message for f in v.findings]
+
+
 def test_nop_without_dependency():
     p = ring_allgather_2tb()
     s = list(p.gpus[0].tbs[1].steps)

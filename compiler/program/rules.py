@@ -228,8 +228,8 @@ def offset(p: Program, lim: Limits) -> list[Finding]:
         for which, buf, off in (("src", st.srcbuf, st.srcoff), ("dst", st.dstbuf, st.dstoff)):
             used = st.type in (READS_SRC if which == "src" else WRITES_DST)
             if not -1 <= off <= MAX_OFFSET:
-                out.append(finding("offset", f"{which}off={off} does not fit the XML's int16",
-                                   g.rank, tb.id, s, st.type))
+                why = f"is above the XML's int16 ({MAX_OFFSET})" if off > MAX_OFFSET else "is negative (-1: unused)"
+                out.append(finding("offset", f"{which}off={off} {why}", g.rank, tb.id, s, st.type))
             elif used and buf in BUFFERS and st.cnt >= 1:
                 n = g.chunks(buf)
                 if off < 0 or off + st.cnt > n:
