@@ -268,3 +268,14 @@ def test_swap_refuses_what_it_does_not_plan(topo):
         t = topo(name, nodes)
         with pytest.raises(CompileError, match=why):
             plan(t, make_demand(coll, t.ngpus, 10**6), PlanOptions(method="swap"))
+
+
+def test_hier_on_a_switched_node_that_lost_a_gpus_port_fails_in_one_line(topo):
+    """DGX-2 x 2 with GPU 3's NVSwitch port failed (replan's benchmark cold-solves it): hier's fan-out
+    went down trees of the node's direct GPU links, which a DGX-2 has none of, and the multicast flow
+    LP failed on an empty array (ValueError, an internal error that ended auto's search)."""
+    from compiler.model.linknames import fail, resolve
+    dgx2 = topo("dgx2", 2)
+    changed = fail(dgx2, resolve(dgx2, "3-nvswitch", "fail"))
+    with pytest.raises(CompileError, match="hier: GPU 0 cannot reach GPU 3 inside its node"):
+        plan(changed, make_demand("allgather", changed.ngpus, 2**20), PlanOptions(method="hier"))

@@ -333,6 +333,10 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
         by_root[a % per].append(i)
         dests[a % per] |= {b % per for b in wanted[(chunk, a)]}
     node = [l for l in topo.links if l.src < per and l.dst < per and topo.is_gpu(l.src) and topo.is_gpu(l.dst)]
+    if not node:  # a switched node that lost a GPU's port (DGX-2 with 3-nvswitch failed): no trees to cut
+        a, b = next((a, b) for a in range(per) for b in range(per) if a != b and not topo.paths(a, b))
+        raise CompileError(f"hier: GPU {a} cannot reach GPU {b} inside its node in one transfer, and the node has no "
+                           "direct GPU links to fan out over; use another method (auto plans the others)")
     _, trees, which = dealt(topo, by_root, dests, over=node)
     hops = []
     for i, (chunk, a) in enumerate(items):
