@@ -79,7 +79,7 @@ def replan_cases(time_limit: float) -> dict:
         new = replan(base.schedule, changed, ReplanOptions(pairs, what, "fail_link" if kind == "fail" else "degrade",
                                                            fraction=fraction))
         replan_s = time.perf_counter() - t0
-        fixed = compile_schedule(changed, new.schedule)
+        fixed = compile_schedule(changed, new.schedule, realised=new.realisation)  # the program replan judged
         cold = compile(changed, demand, plan)
         row = {"change": f"{what} ({'failed' if kind == 'fail' else 'at 50%'})", "replan_s": replan_s,
                "chosen": next((n for n in new.notes if n.startswith("replan: chose")), ""),

@@ -15,8 +15,10 @@ The method, a repair that starts from the old schedule (its warm start):
 2. where the exact model is small enough, the MILP is solved at the repaired horizon, warm-started
    from the repair (`milp_polish`);
 3. the candidates (the repairs, the MILP's, and the old schedule itself where it still runs: a
-   slowed link breaks nothing) are lowered and timed as programs, and the fastest program wins,
-   as `auto` picks by the simulator.
+   slowed link breaks nothing) are realised as the programs they would become (compiler/realise.py,
+   as the compile pipeline's `auto` judges its candidates: protocol and instances searched where
+   they are `auto`), each by a deadline within the time limit, and the fastest program wins; its
+   realisation is kept (`Replanned.realisation`) so that the program written is the one judged.
 Reductions (whose partial sums a dropped transfer would corrupt downstream) are planned afresh.
 
 A change that leaves some needed (source, destination) pair with no chain of transfers between them
@@ -32,15 +34,19 @@ from dataclasses import dataclass, replace
 from compiler.lowering.lower import LowerOptions
 from compiler.model.demand import Demand
 from compiler.model.linknames import disconnected_pair
+from compiler.model.program import AUTO
 from compiler.model.schedule import Schedule
 from compiler.model.timing import expand
 from compiler.model.topology import Topology
 from compiler.planners.baselines import ListScheduler
-from compiler.specs.collectives import CUSTOM
+from compiler.realise import Realisation
 from compiler.specs.errors import CompileError
+from compiler.specs.runtimes import ALL
 
 WARM_MILP_MAX_FLOWS = 40_000  # the MILP polish is tried only below this many flow variables
-POLISH_SHARE = 0.5  # of the time left, for the MILP polish (the candidates are timed as programs after it)
+POLISH_SHARE = 0.5  # of the time left, for the MILP polish (the candidates are realised as programs after it)
+JUDGE_SHARE = 0.92  # of the time limit by which the last candidate is realised (as the pipeline's JUDGE_SHARE:
+# verifying and writing the chosen program take the rest)
 RELAY_SOURCES = 2  # holders (the first to hold a chunk) from which routes through a relay are tried
 
 
@@ -52,8 +58,11 @@ class ReplanOptions:
     size: int | None = None  # a new size (bytes), or None
     time_limit: float = 20.0
     milp: bool = True  # try the warm-started MILP polish where the model is small
-    lowering: LowerOptions = LowerOptions()  # how candidates are lowered to be timed as programs
+    # how candidates are lowered to be timed as programs: protocol and instances auto (searched, as
+    # compile_schedule does) unless fixed
+    lowering: LowerOptions = LowerOptions(proto=AUTO, instances=0)
     fraction: float | None = None  # a degraded link's share of bandwidth left
+    runtime: str = ALL  # the runtimes the program is written for (compile_schedule's `runtime`)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class Replanned:
     replan_time_s: float
     notes: tuple[str, ...] = ()
     label: str = "repair"  # which candidate it is
+    realisation: Realisation | None = None  # its program as judged (hand it to compile_schedule), where judged
+    judged: tuple[tuple[str, float | None, str | None], ...] = ()  # every candidate's (label, program time or
+    # None, why it could not be lowered or None)
 
 
 def resized(demand: Demand, size: int | None) -> Demand:
@@ -261,19 +273,23 @@ def milp_polish(topo: Topology, repaired: Replanned, options: ReplanOptions, t0:
                      "MILP warm-started from the repair"), note
 
 
-def program_time(topo: Topology, schedule: Schedule, lowering: LowerOptions) -> float | None:
-    """The program's time (the judge of candidates, as for `auto`), or None if it cannot be lowered."""
-    from compiler.lowering.lower import lower
-    from compiler.pipeline import demand_chunks
-    from compiler.program.timing import call_bytes, time_program
+def realised(topo: Topology, schedule: Schedule, options: ReplanOptions, deadline: float | None = None,
+             finish_by: float | None = None) -> tuple[Realisation | None, str | None]:
+    """The program `schedule` would become, as compile_schedule realises it (the judge of candidates, as
+    for the pipeline's `auto`: protocol and instances searched where `auto`), realised by `deadline`;
+    or (None, why) where no program fits the runtimes."""
+    from compiler.analysis.simulate import bound_of, program_floor
+    from compiler.planners import PlanOptions
+    from compiler.planners.background import workers
+    from compiler.realise import realise
+    plan = PlanOptions()  # compile_schedule's defaults, as the replan command writes its program with them
+    enough_s = program_floor(topo, bound_of(topo, schedule.demand)) / plan.good_enough if plan.good_enough < 1 \
+        else None
     try:
-        program = lower(schedule, topo, lowering)
-    except CompileError:
-        return None
-    size = schedule.demand.size_bytes
-    if program.collective == CUSTOM:
-        size = call_bytes(program, demand_chunks(schedule.demand)[1])
-    return time_program(program, topo, size).finish_time_s
+        return realise(schedule, topo, options.lowering, options.runtime, deadline, enough_s, plan.element_bytes,
+                       workers(plan.workers), finish_by=finish_by), None
+    except CompileError as e:
+        return None, str(e)
 
 
 def candidates(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> list[Replanned]:
@@ -304,17 +320,38 @@ def replan(old: Schedule, topo: Topology, options: ReplanOptions = ReplanOptions
     check_connected(topo, demand, options)
     if demand.reduce or any(t.group >= 0 for t in old.transfers):
         return afresh(old, topo, demand, options, t0)
-    judged = []
-    for c in candidates(old, topo, demand, options, t0):
-        judged.append((program_time(topo, c.schedule, options.lowering), c))
-    usable = [(t, c) for t, c in judged if t is not None] or [(float("inf"), judged[0][1])]
-    best_time, best = min(usable, key=lambda x: x[0])
-    ranking = ", ".join(f"{c.label} {t * 1e3:.4g} ms" if t is not None else f"{c.label} (not lowerable)"
-                        for t, c in judged)
+    judged = judge(topo, candidates(old, topo, demand, options, t0), options, t0)
+    usable = [(r, c) for r, _, c in judged if r is not None] or [(None, judged[0][2])]
+    realisation, best = min(usable, key=lambda x: x[0].timing.finish_time_s if x[0] is not None else 0.0)
+    ranking = ", ".join(f"{c.label} {r.timing.finish_time_s * 1e3:.4g} ms" if r is not None
+                        else f"{c.label} (not lowerable)" for r, _, c in judged)
     note = f"replan: chose {best.label} by program time ({ranking})"
-    notes = tuple(dict.fromkeys(best.schedule.notes + best.notes + (note,)))
+    why = tuple(f"replan: {c.label} is not lowerable ({e})" for r, e, c in judged if r is None)
+    notes = tuple(dict.fromkeys(best.schedule.notes + best.notes + (note,) + why))
     schedule = replace(best.schedule, solve_time=time.perf_counter() - t0, notes=notes)
-    return replace(best, schedule=schedule, replan_time_s=time.perf_counter() - t0, notes=notes)
+    return replace(best, schedule=schedule, replan_time_s=time.perf_counter() - t0, notes=notes,
+                   realisation=realisation,
+                   judged=tuple((c.label, r.timing.finish_time_s if r is not None else None, e) for r, e, c in judged))
+
+
+def judge(topo: Topology, cands: list[Replanned], options: ReplanOptions, t0: float) \
+        -> list[tuple[Realisation | None, str | None, Replanned]]:
+    """(realisation or None, why not lowerable or None, candidate) per candidate, in order. The time
+    left until JUDGE_SHARE of the limit is shared among the distinct schedules still to realise (one a
+    small program realises early leaves its share to the rest); candidates with the same transfers
+    share one realisation. The chosen program is to be verified and written by FINISH_BY of the limit,
+    as the pipeline promises (realise's finish_by)."""
+    from compiler.pipeline import FINISH_BY
+    end = t0 + options.time_limit * JUDGE_SHARE
+    finish_by = t0 + options.time_limit * FINISH_BY
+    keys = [(c.schedule.demand, c.schedule.planner, c.schedule.transfers) for c in cands]
+    done: dict[tuple, tuple[Realisation | None, str | None]] = {}
+    for n, (c, key) in enumerate(zip(cands, keys)):
+        if key not in done:
+            now = time.perf_counter()
+            left = len(set(keys[n:]) - set(done))
+            done[key] = realised(topo, c.schedule, options, now + max(0.0, end - now) / left, finish_by)
+    return [(*done[key], c) for c, key in zip(cands, keys)]
 
 
 def afresh(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> Replanned:

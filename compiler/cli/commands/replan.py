@@ -101,9 +101,10 @@ def run(args) -> int:
     old, topo = saved_schedule(args)
     changed, pairs, what, field, description, link, fraction = changed_topology(topo, args)
     new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args),
-                                             fraction=fraction))
+                                             fraction=fraction, runtime=args.runtime))
+    # the program written is the one the candidates were judged by (realised once, within the time limit)
     result = compile_schedule(changed, new.schedule, CompileOptions(lower=lower_options(args), runtime=args.runtime,
-                                                                    output=args.output))
+                                                                    output=args.output), new.realisation)
     from compiler.cli.commands.collective import write
     write(result, args.schedule_out)
     proto = result.program.proto if result.program is not None else None  # old and new planned alike
