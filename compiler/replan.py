@@ -47,6 +47,7 @@ WARM_MILP_MAX_FLOWS = 40_000  # the MILP polish is tried only below this many fl
 POLISH_SHARE = 0.5  # of the time left, for the MILP polish (the candidates are realised as programs after it)
 JUDGE_SHARE = 0.92  # of the time limit by which the last candidate is realised (as the pipeline's JUDGE_SHARE:
 # verifying and writing the chosen program take the rest)
+NOT_JUDGED = "not judged"  # a candidate whose ideal program cannot beat a realised one (judge)
 RELAY_SOURCES = 2  # holders (the first to hold a chunk) from which routes through a relay are tried
 
 
@@ -280,6 +281,7 @@ def realised(topo: Topology, schedule: Schedule, options: ReplanOptions, deadlin
     or (None, why) where no program fits the runtimes."""
     from compiler.analysis.simulate import bound_of, program_floor
     from compiler.planners import PlanOptions
+    from compiler.pipeline import STALL
     from compiler.planners.background import workers
     from compiler.realise import realise
     plan = PlanOptions()  # compile_schedule's defaults, as the replan command writes its program with them
@@ -287,7 +289,7 @@ def realised(topo: Topology, schedule: Schedule, options: ReplanOptions, deadlin
         else None
     try:
         return realise(schedule, topo, options.lowering, options.runtime, deadline, enough_s, plan.element_bytes,
-                       workers(plan.workers), finish_by=finish_by), None
+                       workers(plan.workers), STALL, finish_by), None
     except CompileError as e:
         return None, str(e)
 
@@ -324,9 +326,11 @@ def replan(old: Schedule, topo: Topology, options: ReplanOptions = ReplanOptions
     usable = [(r, c) for r, _, c in judged if r is not None] or [(None, judged[0][2])]
     realisation, best = min(usable, key=lambda x: x[0].timing.finish_time_s if x[0] is not None else 0.0)
     ranking = ", ".join(f"{c.label} {r.timing.finish_time_s * 1e3:.4g} ms" if r is not None
-                        else f"{c.label} (not lowerable)" for r, _, c in judged)
+                        else f"{c.label} ({e})" if e.startswith(NOT_JUDGED) else f"{c.label} (not lowerable)"
+                        for r, e, c in judged)
     note = f"replan: chose {best.label} by program time ({ranking})"
-    why = tuple(f"replan: {c.label} is not lowerable ({e})" for r, e, c in judged if r is None)
+    why = tuple(dict.fromkeys(f"replan: {c.label} is not lowerable ({e})" for r, e, c in judged
+                              if r is None and not e.startswith(NOT_JUDGED)))
     notes = tuple(dict.fromkeys(best.schedule.notes + best.notes + (note,) + why))
     schedule = replace(best.schedule, solve_time=time.perf_counter() - t0, notes=notes)
     return replace(best, schedule=schedule, replan_time_s=time.perf_counter() - t0, notes=notes,
@@ -336,21 +340,37 @@ def replan(old: Schedule, topo: Topology, options: ReplanOptions = ReplanOptions
 
 def judge(topo: Topology, cands: list[Replanned], options: ReplanOptions, t0: float) \
         -> list[tuple[Realisation | None, str | None, Replanned]]:
-    """(realisation or None, why not lowerable or None, candidate) per candidate, in order. The time
-    left until JUDGE_SHARE of the limit is shared among the distinct schedules still to realise (one a
-    small program realises early leaves its share to the rest); candidates with the same transfers
-    share one realisation. The chosen program is to be verified and written by FINISH_BY of the limit,
-    as the pipeline promises (realise's finish_by)."""
+    """(realisation or None, why not or None, candidate) per candidate, in order. The distinct
+    schedules are realised fastest ideal program first (the schedule simulator's, the plan), and one
+    whose ideal program, times BEYOND, is no faster than a program realised already is not (as auto
+    judges: the repairs of one change are much alike, and each realisation is a program search). The
+    time left until JUDGE_SHARE of the limit is shared among those still to realise, each search ends
+    as auto's do once it stalls, and the chosen program is to be verified and written by FINISH_BY of
+    the limit (realise's finish_by). Candidates with the same transfers share one realisation."""
+    from compiler.analysis.links import protocol_names
+    from compiler.analysis.simulate import best_ideal, simulate
+    from compiler.planners.auto import BEYOND
     from compiler.pipeline import FINISH_BY
     end = t0 + options.time_limit * JUDGE_SHARE
     finish_by = t0 + options.time_limit * FINISH_BY
     keys = [(c.schedule.demand, c.schedule.planner, c.schedule.transfers) for c in cands]
+    first = {key: c for c, key in reversed(list(zip(cands, keys)))}  # each distinct schedule's first candidate
+    proto = options.lowering.proto
+
+    def ideal_s(c: Replanned) -> float:
+        s = c.schedule
+        return (best_ideal(topo, s, protocol_names(topo)) if proto == AUTO else simulate(topo, s, proto)).finish_time_s
+    ideal = {key: ideal_s(c) for key, c in first.items()}
+    order = sorted(first, key=lambda k: ideal[k])  # stable: the candidates' order on ties
     done: dict[tuple, tuple[Realisation | None, str | None]] = {}
-    for n, (c, key) in enumerate(zip(cands, keys)):
-        if key not in done:
-            now = time.perf_counter()
-            left = len(set(keys[n:]) - set(done))
-            done[key] = realised(topo, c.schedule, options, now + max(0.0, end - now) / left, finish_by)
+    for n, key in enumerate(order):
+        best = min((r.timing.finish_time_s for r, _ in done.values() if r is not None), default=None)
+        if best is not None and BEYOND * ideal[key] >= best:
+            done[key] = (None, f"{NOT_JUDGED}: ideal program {ideal[key] * 1e3:.4g} ms")
+            continue
+        now = time.perf_counter()
+        done[key] = realised(topo, first[key].schedule, options, now + max(0.0, end - now) / (len(order) - n),
+                             finish_by)
     return [(*done[key], c) for c, key in zip(cands, keys)]
 
 
