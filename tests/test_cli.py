@@ -236,3 +236,15 @@ def test_errors_in_a_schedule_or_program_file_name_the_file(tmp_path):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1
         assert "error: cyc.xml: rank 0 tb 0 step 0 can never run" in proc.stderr, proc.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_options_that_cannot_apply_are_said(tmp_path):
+    """verify --demand on a file that is not custom judged the file against that demand (exit 1,
+    a postcondition failure); --multicast on a profile with no multicast switch changed nothing, unsaid."""
+    proc = run_cli("allgather", "--hw", "dgx1", "--size", "1MB", "--method", "ring", "--multicast", "-o", "a.xml",
+                   cwd=tmp_path)
+    assert proc.returncode == 0 and "warning: --multicast: dgx1 has no switch that multicasts" in proc.stderr
+    (tmp_path / "d.json").write_text(json.dumps({"chunks": [{"from": 0, "to": [1]}]}))
+    proc = run_cli("verify", "a.xml", "--demand", "d.json", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--demand: a.xml is coll=allgather, not custom" in proc.stderr, proc.stderr

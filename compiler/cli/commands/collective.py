@@ -99,6 +99,9 @@ def run(args) -> int:
     topo = load_topology(args.hw, args.nodes)
     demand = build_demand(args, topo, warnings)
     distinct_outputs(args, demand, topo)
+    if args.multicast and not any(s.multicast for s in topo.switches):
+        warnings.append(f"--multicast: {topo.name} has no switch that multicasts (a profile marks one \"multicast\": "
+                        "true); planned without")
     if args.instances and not args.no_xml:
         check_instances(demand, args.instances, DTYPE_BYTES[args.dtype])
     for w in warnings:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import emit_json, positive_int, reader_warnings
+from compiler.cli.common import ArgumentError, emit_json, positive_int, reader_warnings
+from compiler.specs.collectives import CUSTOM
 from compiler.specs.runtimes import ALL, CHOICES
 
 HELP = "check an MSCCL XML file: contract rules, deadlock under bounded slots, the result"
@@ -25,6 +26,9 @@ def run(args) -> int:
     program = read_xml(args.file)
     reader_warnings(program)
     demand = None
+    if args.demand and program.collective != CUSTOM:
+        raise ArgumentError(f"--demand: {args.file} is coll={program.collective}, not custom: its demand is the "
+                            "collective's; --demand is for custom files")
     if args.demand:  # cut into the pieces the file's own demand has, if it has one
         pieces = program.demand.chunks_per_rank if program.demand is not None else 1
         demand = load_custom_demand(args.demand, program.ngpus, program.nchunksperloop, pieces)
