@@ -73,9 +73,10 @@ def _replace(tmp: str, target: Path) -> None:
         raise CompileError(f"{target}: cannot write: {_reason(e)}") from None
 
 
-def check_writable(path: str | os.PathLike, field: str = "") -> None:
+def check_writable(path: str | os.PathLike, field: str = "", shown: str | os.PathLike | None = None) -> None:
     """Fail now, not after planning, where `path` cannot be written: a missing directory, a
-    directory in its place, a file system that refuses new files (/proc, /sys, read-only)."""
+    directory in its place, a file system that refuses new files (/proc, /sys, read-only). shown:
+    the path the user gave, where `path` is a file inside it (an output directory's)."""
     where = f"{field}: " if field else ""
     try:
         target, directory = _where(path)
@@ -84,7 +85,7 @@ def check_writable(path: str | os.PathLike, field: str = "") -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=directory)
     except OSError as e:
-        raise CompileError(f"{where}{path}: cannot create files in {str(directory)!r}: {_reason(e)}") from None
+        raise CompileError(f"{where}{shown or path}: cannot create files in {str(directory)!r}: {_reason(e)}") from None
     os.close(fd)
     _unlink(tmp)
     if target.exists() and not os.access(target, os.W_OK):

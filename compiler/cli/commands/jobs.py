@@ -43,7 +43,7 @@ def check_output_dir(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ArgumentError(f"-o: {path}: directory {parent!r} does not exist")
-    check_writable(os.path.join(path if os.path.isdir(path) else parent, ".probe"), "-o")
+    check_writable(os.path.join(path if os.path.isdir(path) else parent, ".probe"), "-o", path)
 
 
 def run(args) -> int:

@@ -8,6 +8,7 @@ import sys
 from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, number, seconds,
                                  size_range_arg)
 from compiler.model.program import PROTOCOLS
+from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import DEFAULT, NAMES
 from compiler.specs.units import format_size
 
@@ -92,8 +93,11 @@ def prepare_directory(out, force: bool) -> None:
     if out.exists() and any(p.is_file() for p in out.iterdir()) and not force:
         raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
                             "to replace the directory's XML files)")
-    make_directory(out / "manifest")
-    check_writable(out / "manifest" / "manifest.json", "-o")
+    try:
+        make_directory(out / "manifest")
+    except CompileError as e:
+        raise CompileError(f"-o: {e}") from None
+    check_writable(out / "manifest" / "manifest.json", "-o", out)
     if force:
         for f in out.iterdir():
             if f.is_file() and f.name.endswith(".xml"):
