@@ -100,6 +100,8 @@ BAD = [
                      {"name": "y", "collective": "allgather", "ranks": [1, 2], "size": "1MB"}], "GPU 1"),
     ("unknown collective", [{"collective": "allgossip", "ranks": [0, 1], "size": "1MB"}], "allgossip"),
     ("empty job", [{"collective": "allgather", "ranks": [], "size": "1MB"}], "empty"),
+    # a range as a string was said to be empty
+    ("ranks as a string", [{"collective": "allgather", "ranks": "0-3", "size": "1MB"}], "is not a list of GPUs"),
     ("uneven nodes", [{"collective": "allgather", "ranks": [0, 1, 16], "size": "1MB"}], "node"),
     ("no jobs", [], "non-empty"),
 ]

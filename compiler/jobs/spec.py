@@ -107,7 +107,9 @@ def _collective(where: str, value) -> str:
 
 
 def _ranks(where: str, value, topo: Topology) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list):
+        raise JobsError(f"{where}: ranks: {_short(value)} is not a list of GPUs (write them out: [0, 1, 2, 3])")
+    if not value:
         raise JobsError(f"{where}: ranks: {_short(value)} is empty; a job needs at least 2 GPUs")
     for r in value:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < topo.ngpus:
