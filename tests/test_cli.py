@@ -148,6 +148,9 @@ def test_an_output_that_is_another_output_or_the_input_is_refused_before_any_wor
     (("allgather", "--hw", "dgx2", "--proto", "LL256"), "--proto"),
     (("allgather", "--hw", "dgx2", "--size-range", "1GB:1MB"), "LO above HI"),
     (("allgather", "--hw", "dgx2", "--runtime", "nccl"), "--runtime"),
+    # a runtime that does not run on the profile's GPUs: written and verified for a machine it cannot run on
+    (("allgather", "--hw", "dgx1", "--runtime", "rccl"), "--runtime: rccl runs on amd GPUs, and dgx1's are nvidia"),
+    (("library", "--hw", "mi250", "--runtime", "executor", "-o", "lib"), "executor runs on nvidia GPUs"),
     (("simulate", "missing.xml", "--hw", "dgx2"), "missing.xml: no such XML file"),
     (("lp-plan", "--hw", "dgx2"), "unknown command or collective"),
     (("alltoall", "--hw", "dgx2", "--method", "lp", "--chunks", "0"), "--chunks"),

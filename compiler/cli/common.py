@@ -127,6 +127,17 @@ def about(path: str):
         raise error from None
 
 
+def refuse_foreign_runtime(runtime: str, topo: "Topology") -> None:
+    """One line where the runtime asked for does not run on the profile's GPUs (RCCL on a DGX, NCCL's
+    MSCCL builds on an MI250): its file would be written and verified for a machine it cannot run on."""
+    from compiler.specs.runtimes import ALL, RUNTIMES
+    if runtime == ALL or topo.vendor not in ("nvidia", "amd") or topo.vendor in RUNTIMES[runtime].vendors:
+        return
+    others = [r for r in RUNTIMES if topo.vendor in RUNTIMES[r].vendors]
+    raise ArgumentError(f"--runtime: {runtime} runs on {' and '.join(RUNTIMES[runtime].vendors)} GPUs, and "
+                        f"{topo.profile}'s are {topo.vendor}; use --runtime {', '.join(others)} or all")
+
+
 READER_WARNINGS = 5  # a file's reader warnings printed at most (the rest counted)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, number, seconds,
-                                 size_range_arg)
+from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, number,
+                                 refuse_foreign_runtime, seconds, size_range_arg)
 from compiler.model.program import PROTOCOLS
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import DEFAULT, NAMES
@@ -44,6 +44,7 @@ def run(args) -> int:
     from compiler.specs.collectives import canonical
     from compiler.specs.runtimes import runtime
     topo = load_topology(args.hw, args.nodes)
+    refuse_foreign_runtime(args.runtime, topo)
     colls = tuple(canonical(c) for c in args.collectives.split(",") if c.strip())
     if not colls:
         raise ArgumentError("library: --collectives: give at least one, e.g. allgather,allreduce")
