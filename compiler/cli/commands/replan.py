@@ -118,6 +118,7 @@ def run(args) -> int:
                       "description": description},
            "replan_time_s": new.replan_time_s, "kept_transfers": new.kept, "dropped_transfers": new.dropped,
            "rerouted_deliveries": new.rerouted,
+           "candidates": [{"label": label, "program_time_s": t, "why_not": why} for label, t, why in new.judged],
            "old": {"file": args.schedule, "planner": old.planner, "solve_time_s": old.solve_time, "time_s": old_time,
                    "time_on_changed_s": old_changed},
            "checks": {"simulated_on": changed.name + f" with {description}", "links": link_checks(
