@@ -208,8 +208,7 @@ def test_verify_and_simulate_print_what_the_reader_accepted_with_a_warning(tmp_p
     (tmp_path / "b.xml").write_text(text.replace(' s="1" ', ' s="7" ', 1))
     for args in (("verify", "a.xml"), ("simulate", "a.xml", "--hw", "dgx1", "--size", "1MB")):
         assert run_cli(*args, cwd=tmp_path).stderr == ""  # our own files read without a warning
-    for args in (("verify", "b.xml"), ("simulate", "b.xml", "--hw", "dgx1", "--size", "1MB"),
-                 ("report", "b.xml", "--hw", "dgx1", "--size", "1MB", "--no-ring", "-o", "r.html")):
+    for args in (("verify", "b.xml"), ("simulate", "b.xml", "--hw", "dgx1", "--size", "1MB")):  # report: simulate's
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr.count("\n") == 1 and 's="7" differs from its position 1' in proc.stderr, proc.stderr
