@@ -242,3 +242,18 @@ def test_profiles_cite_public_sources_only():
         for key, text in sources.items():
             internal = INTERNAL.search(URL.sub("", text))
             assert not internal, f"{name}: sources.{key} cites an internal reference ({internal.group(0)!r}): {text}"
+
+
+def test_a_key_given_twice_in_a_users_json_file_is_refused(tmp_path):
+    """json keeps the last of a key given twice without a word: a link with two bandwidths took the second."""
+    text = json.dumps(BASE).replace('"bandwidth_GBps": 10', '"bandwidth_GBps": 10, "bandwidth_GBps": 50', 1)
+    (tmp_path / "p.json").write_text(text)
+    (tmp_path / "d.json").write_text('{"chunks": [{"from": 0, "to": [1], "to": [2]}]}')
+    (tmp_path / "j.json").write_text('{"jobs": [{"collective": "allgather", "ranks": [0, 1], "size": "1MB", '
+                                     '"size": "2MB"}]}')
+    for args, name, key in ((("bound", "allgather", "--hw", "p.json"), "p.json", "bandwidth_GBps"),
+                            (("custom", "--hw", "dgx1", "--demand", "d.json", "--size", "1MB"), "d.json", "to"),
+                            (("jobs", "j.json", "--hw", "dgx1", "-o", "out"), "j.json", "size")):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"{name}: key '{key}' appears twice in one object" in proc.stderr, proc.stderr

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import DemandError
+from compiler.specs.jsonkeys import DuplicateKey, unique_keys
 
 if TYPE_CHECKING:  # numpy is imported where masks() runs
     import numpy as np
@@ -158,9 +159,11 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
     `from` may be a list (several holders, or contributors when reduce is true); buffer indices
     default to the order of appearance at each rank. --size is the size of one chunk."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except FileNotFoundError:
         raise DemandError(f"{path}: no such demand file") from None
+    except DuplicateKey as e:
+        raise DemandError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise DemandError(f"{path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("chunks"), list) or not doc["chunks"]:
