@@ -250,3 +250,9 @@ def test_options_that_cannot_apply_are_said(tmp_path):
     proc = run_cli("verify", "a.xml", "--demand", "d.json", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--demand: a.xml is coll=allgather, not custom" in proc.stderr, proc.stderr
+
+
+def test_profiles_list_with_a_name_is_refused():
+    # it listed every profile, the name unread
+    proc = run_cli("profiles", "list", "dgx1")
+    assert proc.returncode == 2 and "profiles show dgx1" in proc.stderr and proc.stdout == ""

@@ -94,6 +94,8 @@ def _name_lines(topo, width: int = 100) -> list[str]:
 
 
 def run_profiles(args) -> int:
+    if args.action in (None, "list") and args.name:  # `profiles list dgx1` listed them all, the name unread
+        raise ArgumentError(f"profiles list: takes no name ({args.name!r}); use `profiles show {args.name}`")
     if args.action in (None, "list"):
         from compiler.model.profiles import list_profiles
         infos = list_profiles()
