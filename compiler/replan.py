@@ -15,10 +15,11 @@ The method, a repair that starts from the old schedule (its warm start):
 2. where the exact model is small enough, the MILP is solved at the repaired horizon, warm-started
    from the repair (`milp_polish`);
 3. the candidates (the repairs, the MILP's, and the old schedule itself where it still runs: a
-   slowed link breaks nothing) are realised as the programs they would become (compiler/realise.py,
-   as the compile pipeline's `auto` judges its candidates: protocol and instances searched where
-   they are `auto`), each by a deadline within the time limit, and the fastest program wins; its
-   realisation is kept (`Replanned.realisation`) so that the program written is the one judged.
+   slowed link breaks nothing) are judged by the programs they would become, as the compile
+   pipeline's `auto` judges its own (`judge`): each is lowered once (a probe), then the best
+   probe's program search (compiler/realise.py: protocol and instances, where `auto`) runs with the
+   time left, the others' with what it leaves, and the fastest program wins; its realisation is
+   kept (`Replanned.realisation`) so that the program written is the one judged, within the limit.
 Reductions (whose partial sums a dropped transfer would corrupt downstream) are planned afresh.
 
 A change that leaves some needed (source, destination) pair with no chain of transfers between them
@@ -357,7 +358,9 @@ def judge(topo: Topology, cands: list[Replanned], options: ReplanOptions, t0: fl
     end = t0 + options.time_limit * JUDGE_SHARE
     finish_by = t0 + options.time_limit * FINISH_BY
     keys = [(c.schedule.demand, c.schedule.planner, c.schedule.transfers) for c in cands]
-    first = {key: c for c, key in reversed(list(zip(cands, keys)))}  # each distinct schedule's first candidate
+    first: dict[tuple, Replanned] = {}  # each distinct schedule's first candidate, in the candidates' order
+    for c, key in zip(cands, keys):
+        first.setdefault(key, c)
     proto = options.lowering.proto
     probing = CompileOptions(lower=options.lowering, runtime=options.runtime)
 

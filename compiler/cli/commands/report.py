@@ -48,7 +48,7 @@ def run(args) -> int:
     written = write_report(report, args.output, args.png)
     out = summary(report, written)
     if args.json:
-        emit_json({"file": args.file, **out})
+        emit_json({"file": args.file, **out, **({"reader_warnings": list(program.notes)} if program.notes else {})})
     else:
         print(line(report, written))
     return 0
