@@ -98,7 +98,7 @@ def run(args) -> int:
         check_writable(args.schedule_out, "--schedule-out")
     if not (args.fail_link or args.degrade or args.size):
         raise ArgumentError("replan: nothing changed: give --fail-link A-B, --degrade A-B=FRACTION or --size S")
-    old, topo = saved_schedule(args)
+    old, topo = saved_schedule(args, check=True)
     changed, pairs, what, field, description, link, fraction = changed_topology(topo, args)
     new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args),
                                              fraction=fraction, runtime=args.runtime))
