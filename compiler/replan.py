@@ -280,17 +280,15 @@ def realised(topo: Topology, schedule: Schedule, options: ReplanOptions, deadlin
     """The program `schedule` would become, as compile_schedule realises it (the judge of candidates, as
     for the pipeline's `auto`: protocol and instances searched where `auto`), realised by `deadline`;
     or (None, why) where no program fits the runtimes."""
-    from compiler.analysis.simulate import bound_of, program_floor
     from compiler.planners import PlanOptions
-    from compiler.pipeline import STALL
+    from compiler.pipeline import STALL, enough_time
     from compiler.planners.background import workers
     from compiler.realise import realise
     plan = PlanOptions()  # compile_schedule's defaults, as the replan command writes its program with them
-    enough_s = program_floor(topo, bound_of(topo, schedule.demand)) / plan.good_enough if plan.good_enough < 1 \
-        else None
     try:
-        return realise(schedule, topo, options.lowering, options.runtime, deadline, enough_s, plan.element_bytes,
-                       workers(plan.workers), STALL, finish_by), None
+        return realise(schedule, topo, options.lowering, options.runtime, deadline,
+                       enough_time(topo, schedule, plan.good_enough), plan.element_bytes, workers(plan.workers),
+                       STALL, finish_by), None
     except CompileError as e:
         return None, str(e)
 
