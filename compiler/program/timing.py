@@ -119,9 +119,12 @@ def time_program(program: Program, topo: Topology, size_bytes: float, trace: dic
     timed = timed_iterations(program, iterations)
     by_tb: dict | None = {} if per_tb is not None else None
     busiest: list[float] = []
-    calls = [costing.calls(c, chunk) for c in range(MAX_COUNT + 2)]  # a larger cnt: Costing.calls itself
-    finished = _run(program, topo, costing, chunk, iterations, timed, trace, by_tb, busiest, calls)
-    sends = _Flat.of(program).nsends
+    flat = _Flat.of(program)
+    # a verified program's cnt is at most MAX_COUNT + 1; an overlay of jobs that cut different chunk sizes counts
+    # its steps in a common unit, so a step there may move thousands of unit chunks
+    calls = [costing.calls(c, chunk) for c in range(max(MAX_COUNT, flat.most_cnt) + 2)]
+    finished = _run(program, topo, costing, chunk / iterations, timed, trace, by_tb, busiest, calls)
+    sends = flat.nsends
     launch = costing.launch if sends else 0.0
     # the iterations not timed pass the busiest link or thread block no faster than the timed ones
     finish = max(extrapolate(finished, iterations), finished[0] + (iterations - 1) * busiest[0]) + launch
@@ -152,13 +155,10 @@ def _monotone(xs: list[float]) -> list[float]:
     return out
 
 
-def _run(program: Program, topo: Topology, costing: Costing, chunk: float, total: int, iterations: int,
+def _run(program: Program, topo: Topology, costing: Costing, piece: float, iterations: int,
          trace: dict | None, by_tb: dict | None, busiest: list | None, calls: list[int]) -> list[float]:
-    """Run `iterations` of the kernel's `total` loop iterations on chunks of `chunk` bytes; the time
-    every step of iteration j (and its data) is done, for each j; calls[cnt]: the step latencies a
-    step of cnt chunks pays (Costing.calls), for cnt up to MAX_COUNT + 1 (a verified program's
-    steps; an overlay of jobs that cut different chunk sizes counts its steps in a common unit, so
-    a step there may move thousands of unit chunks: those ask Costing.calls).
+    """Run `iterations` loop iterations; the time every step of iteration j (and its data) is done,
+    for each j; calls[cnt]: the step latencies a step of cnt chunks pays (Costing.calls).
     Event-driven: a thread block waits in a heap until its next step may start, or in
     `blocked_on` until what it needs (a dependency or a message) exists. Long on purpose: the
     event loop is the timer's hot path (auto and realise time dozens of programs per command), so
@@ -184,7 +184,6 @@ def _run(program: Program, topo: Topology, costing: Costing, chunk: float, total
     blocked_on: dict[int | None, list[int]] = {}  # what a waiting tb needs (>= 0: a target's done; < 0: a
     # message on connection -1 - key; None: a step that does not exist) -> the tbs waiting for it
     heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
-    piece, ncalls = chunk / total, len(calls)
 
     remaining = sum(nsteps) * iterations
     heap = [(0.0, 0.0, i) for i in range(ntbs) if nsteps[i]]
@@ -248,7 +247,7 @@ def _run(program: Program, topo: Topology, costing: Costing, chunk: float, total
                 heapreplace(lanes[l], start + hold)
                 held[l] += hold
             if cnt > 1:
-                latency *= calls[cnt] if cnt < ncalls else costing.calls(cnt, chunk)
+                latency *= calls[cnt]
             end = start + hold + latency
             working[i] += hold + latency
             if trace is not None and it == 0:
@@ -331,6 +330,7 @@ class _Flat:
         self.recv_conn = [conns.setdefault((tb.recv, rank, tb.chan), len(conns)) for rank, tb in self.tbs]
         self.nconns = len(conns)
         self.nsends = sum(1 for kinds in self.kinds for k in kinds if k & SEND)
+        self.most_cnt = max((max(cnts, default=0) for cnts in self.cnts), default=0)
 
     @classmethod
     def of(cls, program: Program) -> "_Flat":
