@@ -352,3 +352,16 @@ def test_the_lp_route_walk_never_comes_back_through_the_network(topo):
     assert [p for p, _, _ in got[(0, 9)]] == [tuple(v(n) for n in ("gpu0", "nic0.tx@0", "network", "nic1.rx@1", "gpu9"))]
     ((to_1, chunks, _),) = got[(0, 1)]
     assert v("network") not in to_1 and to_1 in t.paths(0, 1) and chunks == 1.0
+
+
+@pytest.mark.parametrize("method", ["milp", "lp"])
+def test_an_optimiser_out_of_time_keeps_a_baseline_where_direct_does_not_reach(method):
+    """On a line no GPU pair but neighbours is one transfer apart and no ring runs through it:
+    `direct`, `ring` and `hier` all refuse, so an optimiser out of time used to fail ("direct:
+    rank 5 cannot reach rank 0") where the README promises it keeps the best baseline; `relay`
+    plans there."""
+    topo = tiny("line", 6)
+    demand, s, m = planned(topo, "alltoall", method=method, size=10**6, time_limit=0.01)
+    assert s.planner == "relay"
+    assert any("kept the relay baseline" in n for n in s.notes)
+    assert 0 < m.bound_ratio <= 1 + 1e-9

@@ -260,6 +260,20 @@ def _baseline(topo, demand, options) -> Schedule | None:
     return best
 
 
+def fallback_baseline(topo, demand, options) -> Schedule | None:
+    """The schedule an optimiser keeps when it finds none in time: the best of _baseline's, else
+    `relay` (which plans on any connected topology, where no GPU pair reaches in one transfer
+    and no ring runs through them: a line, DGX-1, MI250); None where none applies."""
+    best = _baseline(topo, demand, options)
+    if best is None:
+        from compiler.planners.registry import get
+        try:
+            best = get("relay")(topo, demand, options)
+        except CompileError:
+            best = None
+    return best
+
+
 def search_horizon(topo, demand, te, lower: int, upper: int | None, options: PlanOptions, budget: float,
                    sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
     """Smallest horizon the MILP finds feasible within `budget` seconds: doubling from the lower
@@ -336,7 +350,7 @@ def _plan(topo, demand, options, te, lower, t0, reduced: Orbits | None = None) -
     report = options.progress
     sym = reduced.sym if reduced is not None else None
     base = _baseline(topo, demand, options) if options.warm_start and sym is None else None
-    fallback = base or (_baseline(topo, demand, options) if options.fallback else None)
+    fallback = base or (fallback_baseline(topo, demand, options) if options.fallback else None)
     upper = base.epochs if base is not None and abs(base.tau - te.tau) < 1e-15 else None
     budget = options.left(t0)
     try:
