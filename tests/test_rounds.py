@@ -99,3 +99,17 @@ def test_an_exhausted_time_limit_still_ends_with_greedy_windows():
     windows = windows_of(s)
     assert s.status == "time_limit" and f"{windows} windows kept the greedy schedule" in s.notes[0]
     assert 0 < m.bound_ratio <= 1 + 1e-9
+
+
+def test_greedy_windows_that_cannot_relay_keep_a_baseline():
+    """DGX-1's GPU 2 has no link to three GPUs: a gather to it needs relays through GPUs that do
+    not need the chunks, which the greedy windows (out of time) never send, so rounds stalled
+    ("no progress in 2 windows in a row; 3 deliveries cannot be made") where it promises to end.
+    It now keeps a baseline, as milp and lp do."""
+    topo = load_topology("dgx1")
+    demand = make_demand("gather", 8, 10**6, 1, 2)
+    s = plan(topo, demand, PlanOptions(method="rounds", time_limit=0.01))
+    assert any("kept the" in n and "baseline" in n for n in s.notes)
+    assert 0 < simulate(topo, s).bound_ratio <= 1 + 1e-9
+    with pytest.raises(Exception, match="no progress"):
+        plan(topo, demand, PlanOptions(method="rounds", time_limit=0.01, fallback=False))

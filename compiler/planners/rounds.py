@@ -60,7 +60,20 @@ def window_length(te: TimeExpansion) -> int:
 
 @register("rounds")
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
-    return plan_rounds(topo, demand, options)
+    t0 = time.perf_counter()
+    try:
+        return plan_rounds(topo, demand, options)
+    except InfeasibleError as e:
+        # the greedy windows that stand in for the solver once the limit is spent serve needs only
+        # from GPUs that hold the chunk, so they never relay through a GPU that does not need it
+        # (a gather on DGX-1, an alltoall on a line): keep a baseline, as milp and lp do
+        if not options.fallback:
+            raise
+        from compiler.planners.milp import fallback_baseline
+        base = fallback_baseline(topo, demand, options)
+        if base is None:
+            raise
+        return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{e}; kept the {base.planner} baseline")
 
 
 def plan_rounds(topo: Topology, demand: Demand, options: PlanOptions, window: int | None = None) -> Schedule:
