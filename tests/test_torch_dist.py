@@ -341,3 +341,22 @@ def test_train_ddp_names_the_fix_for_a_gpu_count_mismatch(library):
     hint = train_ddp.library_hint(args, 8)
     assert "library is for 4 GPUs, this job has 8 ranks" in hint and "--nproc_per_node=4" in hint
     assert train_ddp.library_hint(args, 4) == ""
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_prod_inputs_multiply_exactly_in_any_order(dtype):
+    """`run --op prod` compares the program's products with torch's, which multiply in other
+    orders: 3^8 is not exact in float16 or bfloat16 (nor 3^16 in float32), and a correct MI250
+    reduce-scatter ran WRONG (1236 elements in bfloat16). The inputs must multiply exactly in any
+    order on up to 16 ranks."""
+    xs = [td.make_input(r, 4096, dtype, seed=0, op="prod") for r in range(16)]
+    forward, backward, pairs = xs[0].clone(), xs[-1].clone(), []
+    for x in xs[1:]:
+        forward = forward * x
+    for x in reversed(xs[:-1]):
+        backward = backward * x
+    halves = [xs[k] * xs[k + 1] for k in range(0, 16, 2)]
+    while len(halves) > 1:
+        halves = [halves[k] * halves[k + 1] for k in range(0, len(halves), 2)]
+    assert torch.equal(forward, backward) and torch.equal(forward, halves[0])
+    assert not torch.any(xs[0] == 0) and len(torch.unique(xs[0])) > 1
