@@ -257,3 +257,24 @@ def test_a_key_given_twice_in_a_users_json_file_is_refused(tmp_path):
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert f"{name}: key '{key}' appears twice in one object" in proc.stderr, proc.stderr
+
+
+ONE_GPU_NODE = {
+    "name": "one", "description": "one GPU per node", "vendor": "nvidia", "gpu": {"model": "x", "count": 1, "sms": 10},
+    "switches": [], "links": [], "nics": [{"gpus": [0], "bandwidth_GBps": 25, "alpha_us": 3}],
+    "sources": {"links": "test"},
+}
+
+
+def test_profiles_show_a_node_of_one_gpu(tmp_path):
+    """A node of one GPU is a valid profile (--nodes N joins them), but `profiles show` bounded allgather on it
+    and failed with "allgather: needs at least 2 ranks"; it shows the node, without bounds."""
+    (tmp_path / "one.json").write_text(json.dumps(ONE_GPU_NODE))
+    proc = run_cli("profiles", "show", "one.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "one: 1 GPUs" in proc.stdout and "no collective bounds" in proc.stdout
+    proc = run_cli("profiles", "show", "one.json", "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["bounds"] == {}, proc.stderr
+    proc = run_cli("profiles", "show", "one.json", "--nodes", "2", "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and set(json.loads(proc.stdout)["bounds"]) == {"allgather", "alltoall"}, proc.stderr
+

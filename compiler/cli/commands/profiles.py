@@ -59,7 +59,8 @@ def _profile_info(topo, size: int) -> dict:
     ingress = [topo.ingress(g) for g in range(topo.ngpus)]
     egress = [topo.egress(g) for g in range(topo.ngpus)]
     bounds = {}
-    for coll in SHOWN_BOUNDS:
+    # a node of one GPU (a profile meant for --nodes N) has no collective of its own to bound
+    for coll in SHOWN_BOUNDS if topo.ngpus > 1 else ():
         b = lower_bound(topo, coll, size)
         algbw = size / b.time_s
         bounds[coll] = {**b.to_dict(), "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw(coll, topo.ngpus, algbw) / 1e9}
@@ -132,6 +133,8 @@ def run_profiles(args) -> int:
         per_node = [n for n in topo.nics if n.node == 0]
         serve = "; ".join(f"NIC {n.index}: GPUs {','.join(map(str, n.gpus))}" for n in per_node)
         print(f"NICs per node: {len(per_node)} x {per_node[0].bandwidth / 1e9:g} GB/s, alpha {per_node[0].alpha * 1e6:g} us ({serve})")
+    if not info["bounds"]:
+        print("no collective bounds: one GPU (use --nodes N to join N of these nodes)")
     for coll, b in info["bounds"].items():
         print(f"{coll} bound at {format_size(args.size)}: {format_time(b['time_s'])} "
               f"(algbw <= {b['algbw_GBps']:.2f} GB/s, busbw <= {b['busbw_GBps']:.2f} GB/s; {b['binding']})")
