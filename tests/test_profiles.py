@@ -278,3 +278,15 @@ def test_profiles_show_a_node_of_one_gpu(tmp_path):
     proc = run_cli("profiles", "show", "one.json", "--nodes", "2", "--json", cwd=tmp_path)
     assert proc.returncode == 0 and set(json.loads(proc.stdout)["bounds"]) == {"allgather", "alltoall"}, proc.stderr
 
+
+def test_profiles_show_names_each_nics_speed_where_they_differ(tmp_path):
+    """The NIC line printed the first NIC's bandwidth and alpha as every NIC's (2 x 50 GB/s for a 50 and a 10)."""
+    doc = json.loads(json.dumps(BASE))
+    doc["gpu"]["count"] = 2
+    doc["links"] = doc["links"][:2]
+    doc["nics"] = [{"gpus": [0], "bandwidth_GBps": 50, "alpha_us": 3}, {"gpus": [1], "bandwidth_GBps": 10, "alpha_us": 5}]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    proc = run_cli("profiles", "show", "p.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("NICs per node"))
+    assert "50 GB/s" in line and "10 GB/s" in line and "alpha 5 us" in line, line

@@ -131,8 +131,13 @@ def run_profiles(args) -> int:
     print(f"per GPU: ingress {rng(ig)} GB/s, egress {rng(eg)} GB/s")
     if topo.nics:
         per_node = [n for n in topo.nics if n.node == 0]
-        serve = "; ".join(f"NIC {n.index}: GPUs {','.join(map(str, n.gpus))}" for n in per_node)
-        print(f"NICs per node: {len(per_node)} x {per_node[0].bandwidth / 1e9:g} GB/s, alpha {per_node[0].alpha * 1e6:g} us ({serve})")
+        if len({(n.bandwidth, n.alpha) for n in per_node}) == 1:
+            serve = "; ".join(f"NIC {n.index}: GPUs {','.join(map(str, n.gpus))}" for n in per_node)
+            print(f"NICs per node: {len(per_node)} x {per_node[0].bandwidth / 1e9:g} GB/s, alpha {per_node[0].alpha * 1e6:g} us ({serve})")
+        else:  # NICs of different speeds: each its own figures (the first NIC's stood for all of them)
+            serve = "; ".join(f"NIC {n.index}: GPUs {','.join(map(str, n.gpus))}, {n.bandwidth / 1e9:g} GB/s, "
+                              f"alpha {n.alpha * 1e6:g} us" for n in per_node)
+            print(f"NICs per node: {len(per_node)} ({serve})")
     if not info["bounds"]:
         print("no collective bounds: one GPU (use --nodes N to join N of these nodes)")
     for coll, b in info["bounds"].items():
