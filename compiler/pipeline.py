@@ -285,10 +285,28 @@ def size_bands(lo: int, hi: int, factor: int) -> list[tuple[int, int]]:
 
 
 def band_demand(topo: Topology, collective: str, a: int, b: int) -> Demand:
-    """The demand a band is planned at: its geometric middle, rounded to whole 4-byte elements per chunk."""
-    size = int(math.sqrt(a * max(a, b)))
-    n_chunks = spec(collective).blocks("size", topo.ngpus)
-    return make_demand(collective, topo.ngpus, max(n_chunks * 4, size - size % (n_chunks * 4)))
+    """The demand a band is planned at: the power-of-two size nearest below its geometric middle
+    (served_size). The runtimes run a file only at sizes that are whole elements in each of its
+    chunks (msccl-xml.md §4), and callers' sizes are mostly powers of two times a few factors
+    (nccl-tests doubles, DDP buckets 25 MiB, tensors have power-of-two dimensions): planned at
+    such a size, auto's chunkings and realise's instance counts divide it (divides), so the program
+    written runs at every power of two in its band from its nchunksperloop x 4 bytes up, where one
+    planned at 10^6 B with 3 instances (nchunksperloop 24) ran at none."""
+    return make_demand(collective, topo.ngpus, served_size(topo, collective, a, b, int(math.sqrt(a * max(a, b)))))
+
+
+def served_size(topo: Topology, collective: str, a: int, b: int, near: int, grain: int = 4) -> int:
+    """The size of [a, b] nearest `near` (below it first) that is the collective's unit (a rank's
+    block count x 4 bytes: the output of allgather, one element of allreduce) times a power of two
+    and a multiple of `grain` (whole elements in every chunk of a program); the largest multiple of
+    the unit and grain not above `near`, where the band holds none."""
+    unit = spec(collective).blocks("size", topo.ngpus) * 4
+    step = math.lcm(unit, grain)
+    ladder = [unit << j for j in range(max(0, (b // unit).bit_length()))]
+    fits = [s for s in ladder if a <= s <= b and s % grain == 0]
+    if fits:
+        return max((s for s in fits if s <= near), default=min(fits))
+    return max(step, near - near % step)
 
 
 def library(topo: Topology, options: LibraryOptions, done=None) -> Library:
@@ -330,7 +348,10 @@ def _banded(topo: Topology, coll: str, planned: list[Result], options: LibraryOp
     distinct = sorted({same.index(p) for p in same})  # two bands that planned one program share its first copy
     # every program at every size (DGX A100 allgather: the program planned at 512 MB is 5 % faster at 16 MB than
     # the one planned there; comparing a band's own and its neighbours' programs alone gave 16 MB to the latter)
-    for n, band in enumerate(crossover_bands(programs, topo, lo, hi, lambda size: distinct, grain)):
+    # a band's figures are taken at a size its program runs at (whole elements in each of its chunks)
+    def middle(a: int, b: int, owner: int) -> int:
+        return served_size(topo, coll, a, b, int(math.sqrt(a * b)), 4 * programs[owner].nchunksperloop)
+    for n, band in enumerate(crossover_bands(programs, topo, lo, hi, lambda size: distinct, grain, middle)):
         result = planned[band.program]
         a, b = band.lo, band.hi
         name = f"{coll.replace('_', '-')}-{n:02d}-{format_size(a)}-{format_size(b)}.xml"
@@ -349,7 +370,7 @@ def manifest_entry(name: str, coll: str, result: Result, planned: list[Result], 
     bound = program_floor(topo, lower_bound(topo, coll, mid))
     entry = {"file": name, "collective": coll, "min_bytes": a, "max_bytes": b, "at_bytes": mid,
              "method": s.planner, "chunks": s.demand.chunks_per_rank, "proto": p.proto,
-             "instances": result.realisation.instances, "time_s": t, "algbw_GBps": per_second(mid, t) / 1e9,
+             "instances": result.realisation.instances, "nchunksperloop": p.nchunksperloop, "time_s": t, "algbw_GBps": per_second(mid, t) / 1e9,
              "bound_ratio": bound / t if t > 0 else 1.0,
              "planned_at_bytes": s.demand.size_bytes, "planned_time_s": m.finish_time_s,
              "planned_bound_ratio": m.bound_ratio, "runner_up": None,

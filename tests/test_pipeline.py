@@ -216,3 +216,21 @@ def test_auto_judges_whole_chunks_planned_at_the_bound_first_and_plans_no_hopele
     from compiler.planners.registry import get
     relay = simulate(t, get("relay")(t, d, PlanOptions()))
     assert ring_links_s(t, d) >= 6 * relay.finish_time_s
+
+
+def test_library_files_run_at_the_powers_of_two_in_their_bands(topo):
+    """The runtimes run a file only at sizes whose element count its nchunksperloop divides: a
+    library planned at 10^6-byte middles wrote DGX A100 allgather with 3 instances (nchunksperloop
+    24), which runs at no power of two. Planned at powers of two, every file runs at every power of
+    two in its band from its nchunksperloop x 4 bytes up, and its manifest figures are at a size it
+    runs at."""
+    t = topo("dgx-a100")
+    lib = library(t, LibraryOptions(("allgather",), (10**6, 64 * 10**6), band_factor=4, method="direct",
+                                    time_limit=5))
+    for (name, r), e in zip(lib.results, lib.manifest["algorithms"]):
+        n = r.program.nchunksperloop
+        powers = [2**j for j in range(64) if max(e["min_bytes"], 4 * n) <= 2**j <= e["max_bytes"]]
+        assert powers, name
+        assert all(size // 4 % n == 0 for size in powers), (name, n)
+        assert e["at_bytes"] % 4 == 0 and e["at_bytes"] // 4 % n == 0, (name, e["at_bytes"], n)
+        assert e["planned_at_bytes"] & (e["planned_at_bytes"] - 1) == 0, (name, e["planned_at_bytes"])

@@ -30,7 +30,7 @@ class Band:
     hi: int  # inclusive
     program: int  # index of the fastest program
     runner_up: int | None  # the program fastest after it at the band's middle (None: only one)
-    at: int = 0  # the band's middle (geometric), where the times below are taken
+    at: int = 0  # the band's middle (geometric, or as `middle` chose), where the times below are taken
     time_s: float = 0.0  # the program's time there
     runner_up_s: float | None = None  # the runner-up's time there
 
@@ -44,10 +44,11 @@ def size_grid(lo: int, hi: int, factor: int = GRID_FACTOR) -> list[int]:
 
 def crossover_bands(programs: Sequence[Program], topo: Topology, lo: int, hi: int,
                     candidates: Callable[[int], Sequence[int]] | None = None,
-                    grain: int = 1) -> list[Band]:
+                    grain: int = 1, middle: Callable[[int, int, int], int] | None = None) -> list[Band]:
     """Bands [lo..hi] -> the fastest program of `programs` there. candidates(size): the indices worth
     timing at a size (default: all); grain: band edges are multiples of it (whole elements per
-    chunk for every program)."""
+    chunk for every program); middle(lo, hi, program): the size in a band where its figures are
+    taken (default: the geometric middle)."""
     pick = candidates or (lambda size: range(len(programs)))
     cache: dict[tuple[int, int], float] = {}
 
@@ -76,7 +77,7 @@ def crossover_bands(programs: Sequence[Program], topo: Topology, lo: int, hi: in
              for n, (start, owner) in enumerate(zip(edges, owners))]
     bands = []
     for start, end, owner in _merged([s for s in spans if s[1] >= s[0]]):
-        mid = max(start, min(end, int(math.sqrt(start * end))))
+        mid = max(start, min(end, int(math.sqrt(start * end)) if middle is None else middle(start, end, owner)))
         others = [i for i in ranked(mid) if i != owner]
         runner = others[0] if others else None
         bands.append(Band(start, end, owner, runner, mid, time_of(owner, mid),
