@@ -79,7 +79,8 @@ def _regressions(args, result: BenchResult) -> int:
     for line in regressions:
         print(f"# REGRESSION: {line}", file=sys.stderr)
     if not regressions:
-        print(f"# no regression beyond {args.tolerance * 100:.0f} % against {args.baseline}")
+        print(f"# no regression beyond {args.tolerance * 100:.0f} % against {args.baseline}",
+              file=sys.stderr if args.json else sys.stdout)
         return 0
     sizes_s = ", ".join(sorted({ln.split(":")[0].removeprefix("size ") for ln in regressions}, key=lambda x:
                                int(x.split()[0])))
@@ -131,9 +132,10 @@ def run(args) -> int:
         print(f"# msccl-compile bench: {result.collective}, {result.nprocs} ranks, {result.backend}, "
               f"iters {result.iters}, warmup {result.warmup}")
         print("\n".join(result.table()))
+    info = sys.stderr if args.json else sys.stdout  # --json: stdout is the JSON alone
     for n_ in notes:
-        print(f"# note: {n_}")
-    print(f"# wrote {prefix}.json, {prefix}.csv" + ("" if notes or args.no_plot else f", {prefix}.png"))
+        print(f"# note: {n_}", file=info)
+    print(f"# wrote {prefix}.json, {prefix}.csv" + ("" if notes or args.no_plot else f", {prefix}.png"), file=info)
     status = 0
     if result.wrong:
         print(f"# FAILED: {result.wrong} wrong elements", file=sys.stderr)
