@@ -128,6 +128,8 @@ class Result:
                        nthreadblocks_max=p.nthreadblocks_max, nsteps_max=p.nsteps_max, proto=p.proto,
                        instances=self.realisation.instances if self.realisation else None,
                        iterations=self.timing.iterations)
+            if demand.collective != CUSTOM and self.realisation:  # the runtimes run it only at these sizes
+                out["runs_at_multiples_of_bytes"] = p.nchunksperloop * self.realisation.element_bytes
         if demand.collective == CUSTOM:
             out["demand_chunks"], out["chunk_size_bytes"] = demand_chunks(demand)
         return out

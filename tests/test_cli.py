@@ -256,3 +256,18 @@ def test_profiles_list_with_a_name_is_refused():
     # it listed every profile, the name unread
     proc = run_cli("profiles", "list", "dgx1")
     assert proc.returncode == 2 and "profiles show dgx1" in proc.stderr and proc.stdout == ""
+
+
+def test_compile_says_which_sizes_the_runtimes_run_the_file_at(tmp_path):
+    """The runtimes run a file only where its nchunksperloop divides the element count: 10 instances
+    of DGX A100 allgather at 10^9 B (nchunksperloop 80) run at multiples of 320 B, not at 1 GiB,
+    and the compile says so (a job whose tensors are powers of two got NCCL's own algorithm)."""
+    args = ("allgather", "--hw", "dgx-a100", "--method", "direct", "--instances", "10", "--proto", "Simple")
+    out = compile_json(tmp_path, *args, "--size", "1GB", "-o", "a.xml")
+    root = etree.fromstring((tmp_path / "a.xml").read_bytes())
+    assert out["runs_at_multiples_of_bytes"] == 4 * int(root.get("nchunksperloop")) == 320
+    text = run_cli(*args, "--size", "1GB", "-o", "b.xml", cwd=tmp_path).stdout
+    assert "multiple of 320B; not at 1GiB, the nearest power of two" in text
+    assert (2**30 // 4) % int(root.get("nchunksperloop")) != 0  # what it says: 1 GiB is not run
+    text = run_cli(*args[:-4], "--instances", "8", "--size", "1GiB", "-o", "c.xml", cwd=tmp_path).stdout
+    assert "multiple of 256B: every power of two from 256B up" in text

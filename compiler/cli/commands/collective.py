@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from compiler.cli.common import (ArgumentError, PROG, Progress, add_hw, emit_json, load_topology, non_negative_float,
@@ -156,10 +157,31 @@ def print_summary(result, out: dict, schedule_out: str | None) -> None:
         print(f"wrote {', '.join(out['xml_files'])} (verified for {'/'.join(out['verified_for'])}; {out['nchannels']} "
               f"channel{'s' if out['nchannels'] > 1 else ''}, up to {out['nthreadblocks_max']} thread blocks and "
               f"{out['nsteps_max']} steps per block)")
+        if out.get("runs_at_multiples_of_bytes"):
+            print(f"  {served_sizes(demand.size_bytes, out['runs_at_multiples_of_bytes'])}")
     elif out.get("xml_skipped"):
         print(f"no XML: {out['xml_skipped']}")
     if schedule_out:
         print(f"schedule written to {schedule_out}")
+
+
+def served_sizes(size: int, grain: int) -> str:
+    """Which buffer sizes the runtimes run the file at (whole elements in each of its chunks), with
+    the power of two nearest `size` where that is not one of them (a job's tensors mostly are)."""
+    power = 1 << max(0, round(math.log2(size)))
+    said = f"the runtimes run it where the buffer is a multiple of {format_size(grain)}"
+    if power % grain == 0:
+        return f"{said}: every power of two from {binary_size(grain)} up"  # grain divides a power of two: is one
+    return (f"{said}; not at {binary_size(power)}, the nearest power of two, where they run NCCL's own algorithm "
+            f"(compile --size {binary_size(power)} for that size)")
+
+
+def binary_size(power: int) -> str:
+    """A power of two in B, KiB, MiB or GiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if power >= 1 << shift:
+            return f"{power >> shift}{unit}"
+    return f"{power}B"
 
 
 def size_line(demand) -> str:
