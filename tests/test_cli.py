@@ -171,6 +171,23 @@ def test_cli_errors(tmp_path, args, needle):
     assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_protocol_the_profile_does_not_enable_is_refused_before_planning(tmp_path):
+    """mi250's runtime enables Simple and LL: --proto LL128 was refused naming --runtime, and with
+    --method auto only after every candidate was planned; every command taking --proto says so first."""
+    made = run_cli("allgather", "--hw", "mi250", "--method", "ring", "--size", "1MB", "--no-xml",
+                   "--schedule-out", "s.json", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "jobs.json").write_text("{}")  # refused before it is read
+    needle = "--proto: LL128 is not enabled on mi250 (its runtime has Simple, LL)"
+    for args in (("allgather", "--method", "auto", "--size", "1MB", "--time-limit", "2", "-o", "x.xml"),
+                 ("library", "--runtime", "rccl", "--time-limit", "2", "-o", "lib"),
+                 ("jobs", "jobs.json", "--time-limit", "2", "-o", "out"), ("lower", "s.json", "-o", "x.xml"),
+                 ("replan", "s.json", "--size", "2MB", "--time-limit", "2", "-o", "x.xml")):
+        proc = run_cli(*args, "--hw", "mi250", "--proto", "LL128", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, (args, proc.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.json", "s.json"]
+
+
 def test_verbose_solver_log_goes_to_stderr(tmp_path):
     proc = run_cli("allgather", "--hw", "mi250", "--method", "milp", "--chunks", "2", "--verbose", "--json",
                    "--no-xml", cwd=tmp_path)

@@ -138,6 +138,15 @@ def refuse_foreign_runtime(runtime: str, topo: "Topology") -> None:
                         f"{topo.profile}'s are {topo.vendor}; use --runtime {', '.join(others)} or all")
 
 
+def refuse_disabled_proto(proto: str, topo: "Topology") -> None:
+    """One line where --proto names a protocol the profile's runtime section does not enable (LL128 on
+    mi250): planning went on, and failed only once every candidate was lowered, naming --runtime."""
+    names = topo.costs.names if topo.costs is not None else None
+    if proto == "auto" or names is None or proto in names:
+        return
+    raise ArgumentError(f"--proto: {proto} is not enabled on {topo.profile} (its runtime has {', '.join(names)})")
+
+
 READER_WARNINGS = 5  # a file's reader warnings printed at most (the rest counted)
 
 

@@ -6,7 +6,8 @@ import math
 import sys
 
 from compiler.cli.common import (ArgumentError, PROG, Progress, add_hw, emit_json, load_topology, non_negative_float,
-                                 positive_int, refuse_foreign_runtime, seconds, share, size_arg, size_range_arg)
+                                 positive_int, refuse_disabled_proto, refuse_foreign_runtime, seconds, share, size_arg,
+                                 size_range_arg)
 from compiler.model.program import AUTO, PROTOCOLS
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, CHOICES
@@ -99,6 +100,7 @@ def run(args) -> int:
         refuse_unsupported(args.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
     refuse_foreign_runtime(args.runtime, topo)
+    refuse_disabled_proto(args.proto, topo)
     demand = build_demand(args, topo, warnings)
     distinct_outputs(args, demand, topo)
     if args.multicast and not any(s.multicast for s in topo.switches):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
-from compiler.cli.common import ArgumentError, Progress, add_hw, emit_json, load_topology, seconds
+from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, refuse_disabled_proto,
+                                 seconds)
 from compiler.model.program import PROTOCOLS
 from compiler.specs.runtimes import ALL, CHOICES
 from compiler.specs.units import format_size, format_time
@@ -51,6 +52,7 @@ def run(args) -> int:
     from compiler.jobs.spec import load_jobs
     check_output_dir(args.output)
     topo = load_topology(args.hw, args.nodes)
+    refuse_disabled_proto(args.proto, topo)
     jobs = load_jobs(args.jobs, topo)
     result = plan_jobs(topo, jobs, JobsOptions(args.objective, args.method, args.time_limit, args.runtime, args.proto,
                                                Progress(sys.stderr.isatty())))

@@ -6,7 +6,7 @@ import json
 import sys
 
 from compiler.cli.common import (ArgumentError, Progress, add_hw, emit_json, load_topology, number,
-                                 refuse_foreign_runtime, seconds, size_range_arg)
+                                 refuse_disabled_proto, refuse_foreign_runtime, seconds, size_range_arg)
 from compiler.model.program import PROTOCOLS
 from compiler.specs.errors import CompileError
 from compiler.specs.runtimes import DEFAULT, NAMES
@@ -45,6 +45,7 @@ def run(args) -> int:
     from compiler.specs.runtimes import runtime
     topo = load_topology(args.hw, args.nodes)
     refuse_foreign_runtime(args.runtime, topo)
+    refuse_disabled_proto(args.proto, topo)
     colls = tuple(canonical(c) for c in args.collectives.split(",") if c.strip())
     if not colls:
         raise ArgumentError("library: --collectives: give at least one, e.g. allgather,allreduce")

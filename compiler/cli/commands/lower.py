@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from compiler.cli.commands.collective import (add_lowering, add_report, lower_options, print_summary,
                                               refuse_unsupported, write, write_report)
-from compiler.cli.common import ArgumentError, about, add_hw, emit_json, load_topology, refuse_foreign_runtime
+from compiler.cli.common import (ArgumentError, about, add_hw, emit_json, load_topology, refuse_disabled_proto,
+                                 refuse_foreign_runtime)
 
 HELP = "lower and verify a schedule saved with --schedule-out, and write its XML"
 
@@ -28,6 +29,7 @@ def saved_schedule(args, check: bool = False):
     refuse_unsupported(schedule.demand.collective, args.runtime)
     topo = load_topology(args.hw, args.nodes)
     refuse_foreign_runtime(args.runtime, topo)
+    refuse_disabled_proto(args.proto, topo)
     if schedule.topology != topo.name:
         raise ArgumentError(f"{args.schedule}: topology: the schedule was planned for {schedule.topology!r}, "
                             f"--hw {args.hw} --nodes {args.nodes} is {topo.name!r}")
