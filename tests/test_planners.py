@@ -172,6 +172,16 @@ def test_lp_refuses_copies():
         planned(load_topology("dgx2"), "allgather", method="lp")
 
 
+@pytest.mark.parametrize("coll", ["reduce", "reduce_scatter"])
+def test_lp_refuses_reductions_in_words_a_user_knows(coll):
+    """A reduction reaches the LP as its copy dual: the error named it "dual-reduce" and said it
+    copies chunks; it says the reduction sums chunks, which the LP cannot plan, and what can."""
+    with pytest.raises(CompileError) as e:
+        planned(load_topology("dgx1"), coll, method="lp", size=2**20)
+    assert str(e.value).startswith(f"lp: {coll} sums chunks from several ranks, which the LP cannot plan")
+    assert "`method=milp`, ring or auto" in str(e.value) and "dual" not in str(e.value)
+
+
 def test_auto_explains_its_choice_and_is_the_fastest_candidate():
     topo = load_topology("mi250")
     demand, s, m = planned(topo, "allgather", method="auto", time_limit=30)

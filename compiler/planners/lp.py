@@ -33,7 +33,7 @@ from compiler.planners.highs import solve
 from compiler.planners.symmetry import Symmetry
 from compiler.planners.flows import distances, link_ends, network_nodes, rows_matrix, useful_flows
 from compiler.planners.constraints import network_sends_a_node_what_other_nodes_sent, switch_forwards_what_enters
-from compiler.planners.reductions import Routes, Symmetric, orbits
+from compiler.planners.reductions import DUAL, Routes, Symmetric, orbits
 
 LP_EPOCHS = 40  # target horizon of the fluid LP; its epoch grows with the problem, not the chunk
 SUBCHUNKS = 4  # sub-chunks per chunk in the rounded schedule
@@ -53,6 +53,10 @@ def commodity_masks(demand: Demand, only=None) -> tuple[np.ndarray, np.ndarray, 
     `only`: restrict to these sources (the representatives of a symmetry)."""
     for c in demand.chunks:
         if len(c.sources) != 1 or len(c.dests) != 1:
+            if demand.collective.startswith(DUAL):  # a reduction, planned as the time reverse of its copy dual
+                raise CompileError(f"lp: {demand.collective[len(DUAL):]} sums chunks from several ranks, which the "
+                                   "LP cannot plan (it moves each chunk from one rank to one other: alltoall, "
+                                   "scatter, gather); use `method=milp`, ring or auto")
             raise CompileError(f"lp: {demand.collective} copies chunks to several ranks; use method='milp' or 'ring' "
                                "(the LP plans demands without copies: alltoall, scatter, gather)")
     sources = np.array(sorted({c.sources[0] for c in demand.chunks if only is None or c.sources[0] in only}))

@@ -79,6 +79,9 @@ def plan_via(reduction: Reduction[Inverse], problem: Problem, plan: Callable[[Pr
 # ---- reductions as the time reverse of their copy dual -------------------------------------------
 
 
+DUAL = "dual-"  # the collective name of a reduction's copy dual: dual-reduce, dual-reduce_scatter
+
+
 def dual_demand(demand: Demand) -> Demand:
     """The copy demand whose time reverse is `demand`: contributors become destinations."""
     if not demand.reduce:
@@ -88,7 +91,7 @@ def dual_demand(demand: Demand) -> Demand:
         if len(c.dests) != 1:
             raise CompileError(f"{demand.collective}: chunk {c.id} has several destinations; plan it as allreduce")
         chunks.append(Chunk(c.id, c.dests, c.sources, c.dst_index, c.src_index, c.job))
-    return replace(demand, collective=f"dual-{demand.collective}", chunks=tuple(chunks), reduce=False,
+    return replace(demand, collective=f"{DUAL}{demand.collective}", chunks=tuple(chunks), reduce=False,
                    input_chunks=demand.output_chunks, output_chunks=demand.input_chunks)
 
 
