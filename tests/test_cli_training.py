@@ -81,3 +81,20 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(tmp_path):
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, (args, proc.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and not list((tmp_path / "adir").iterdir())
+
+
+def test_library_refuses_a_directory_with_a_file_it_did_not_write(tmp_path):
+    """--force removed only the old XML files: a notes.txt stayed beside the library written, and
+    `env` then refused the directory (the runtimes parse every regular file in it). Refused before
+    planning, with or without --force, naming the file; nothing is removed."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "old.xml").write_text("<algo/>")
+    (lib / "notes.txt").write_text("my notes")
+    for force in ((), ("--force",)):
+        proc = run_cli("library", "--hw", "dgx1", "--collectives", "allgather", "--sizes", "1KB:4KB",
+                       "--time-limit", "2", "-o", "lib", *force, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "-o: lib holds 'notes.txt', which is not one of the library's XML files" in proc.stderr
+        assert "planned" not in proc.stdout
+    assert sorted(p.name for p in lib.iterdir()) == ["notes.txt", "old.xml"]

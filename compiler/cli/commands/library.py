@@ -30,7 +30,9 @@ def configure(p) -> None:
                    help="auto (default): per band, the fastest program under the profile's runtime cost model")
     p.add_argument("--runtime", choices=NAMES, default=DEFAULT)
     p.add_argument("-o", "--output", required=True, metavar="DIR")
-    p.add_argument("--force", action="store_true", help="replace XML files already in DIR")
+    p.add_argument("--force", action="store_true",
+                   help="replace XML files already in DIR (a file of another kind is refused: the runtimes would "
+                        "parse it)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -88,11 +90,19 @@ def run(args) -> int:
 
 
 def prepare_directory(out, force: bool) -> None:
-    """DIR must hold no files the runtime would load besides ours (--force replaces its XML files)."""
+    """DIR must hold no files the runtime would load besides ours: XML files, which --force replaces, and no
+    other (the runtimes would parse it, and --force does not remove what it did not write)."""
     from compiler.fileio import check_writable, make_directory, remove_later
     if out.exists() and not out.is_dir():
         raise ArgumentError(f"-o: {out}: exists and is not a directory")
-    if out.exists() and any(p.is_file() for p in out.iterdir()) and not force:
+    # as backends/torch_dist/env.py's algorithm_files: a runtime that loads the directory parses every regular
+    # file or symlink in it, and `env` refuses the directory for one that is not an algorithm (--force kept them)
+    loaded = sorted(p for p in out.iterdir() if p.is_file() or p.is_symlink()) if out.exists() else []
+    stray = next((p.name for p in loaded if not p.name.endswith(".xml")), None)
+    if stray is not None:
+        raise ArgumentError(f"-o: {out} holds {stray!r}, which is not one of the library's XML files: the runtimes "
+                            "parse every regular file in the algorithm directory; move it out")
+    if loaded and not force:
         raise ArgumentError(f"library: {out} already holds files; the runtime would load them all (use --force "
                             "to replace the directory's XML files)")
     try:
@@ -101,6 +111,5 @@ def prepare_directory(out, force: bool) -> None:
         raise CompileError(f"-o: {e}") from None
     check_writable(out / "manifest" / "manifest.json", "-o", out)
     if force:
-        for f in out.iterdir():
-            if f.is_file() and f.name.endswith(".xml"):
-                remove_later(f)
+        for f in loaded:
+            remove_later(f)
