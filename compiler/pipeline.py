@@ -30,7 +30,7 @@ from compiler.realise import Realisation, aimed_runtime, protocols, realise, siz
 from compiler.program.verify import Verdict, verify
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import CompileError
-from compiler.specs.runtimes import ALL, DEFAULT, target_runtimes, twin_runtime
+from compiler.specs.runtimes import ALL, DEFAULT, RUNTIMES, target_runtimes, twin_runtime
 from compiler.specs.units import format_size
 
 PLAN_SHARE = 0.85  # of the time limit for planning when a program is written: realising it takes the rest
@@ -335,10 +335,25 @@ def library(topo: Topology, options: LibraryOptions, done=None) -> Library:
         for name, result, entry in _banded(topo, coll, planned, options):
             results.append((name, result))
             entries.append(entry)
+    too_many(options, results)
     manifest = {"format": "msccl-compile/library-v1", "hw": topo.profile, "nodes": topo.nodes, "ngpus": topo.ngpus,
                 "runtime": options.runtime, "sizes": list(options.sizes), "bands": "program timer crossovers",
                 "algorithms": entries}
     return Library(tuple(results), manifest)
+
+
+def too_many(options: LibraryOptions, results: list[tuple[str, Result]]) -> None:
+    """Refuse a library of more files than its runtime loads (the old one: 4). The CLI checks the bands
+    planned before planning, but the files are the crossover bands, which can be more (a program
+    that wins on both sides of another's band)."""
+    most = RUNTIMES[options.runtime].max_algorithms if options.runtime in RUNTIMES else None
+    files = sum(len(r.files) for _, r in results)
+    if most is not None and files > most:
+        per = ", ".join(f"{c} {sum(len(r.files) for _, r in results if r.demand.collective == c)}"
+                        for c in options.collectives)
+        raise CompileError(f"library: the {options.runtime} runtime loads at most {most} algorithms, and the "
+                           f"programs planned cross over into {files} bands ({per}); raise `band_factor` or narrow "
+                           "`sizes`")
 
 
 def _banded(topo: Topology, coll: str, planned: list[Result], options: LibraryOptions):

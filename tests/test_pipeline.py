@@ -19,6 +19,7 @@ from compiler.pipeline import CompileOptions, LibraryOptions, compile, compile_s
 from compiler.program.timing import time_program
 from compiler.planners import PlanOptions
 from compiler.program.verify import verify
+from compiler.specs.errors import CompileError
 from tests.conftest import run_cli
 
 
@@ -108,6 +109,35 @@ def test_library_gives_each_size_to_the_fastest_of_every_band_s_program(topo):
         assert time_program(mine, t, at).finish_time_s <= 1.01 * best, at
         size *= 2
     assert {e["method"] for _, _, e in out} == {"direct"}
+
+
+def test_library_refuses_more_crossover_bands_than_the_old_runtime_loads(topo, monkeypatch, tmp_path, capsys):
+    """The CLI checks the old runtime's 4 files against the bands planned (here 2), but the files are
+    the crossover bands, more where a program wins on both sides of another's band: 5 were written."""
+    import compiler.pipeline as pipeline
+    from compiler.analysis.crossovers import Band
+
+    def alternating(programs, topo, lo, hi, candidates=None, grain=1):
+        cut = [lo, 2 * lo, 4 * lo, 8 * lo, 16 * lo, hi + 1]
+        return [Band(a, b - 1, k % 2, 1 - k % 2, a, 1e-5, 2e-5) for k, (a, b) in enumerate(zip(cut, cut[1:]))]
+    monkeypatch.setattr(pipeline, "crossover_bands", alternating)
+    options = LibraryOptions(("allgather",), (1024, 2**20), band_factor=32, method="ring", runtime="old")
+    assert len(pipeline.size_bands(*options.sizes, options.band_factor)) == 2
+    with pytest.raises(CompileError, match=r"library: the old runtime loads at most 4 algorithms, and the programs "
+                                           r"planned cross over into 5 bands \(allgather 5\); raise `band_factor`"):
+        library(topo("dgx1"), options)
+    # the command says it in one line and writes nothing: the old file stays, no manifest
+    import signal
+    from compiler.cli.main import main
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # main's handlers would be pytest's process's
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "old.xml").write_text("<algo/>")
+    rc = main(["library", "--hw", "dgx1", "--collectives", "allgather", "--sizes", "1KiB:1MiB", "--band-factor", "32",
+               "--method", "ring", "--runtime", "old", "--time-limit", "2", "-o", str(lib), "--force", "--json"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "bands (allgather 5); raise --band-factor or narrow --sizes" in err, err
+    assert [p.name for p in lib.iterdir()] == ["old.xml"]
 
 
 def test_lower_command_writes_the_schedule_s_program(tmp_path):

@@ -64,7 +64,7 @@ FIELD_FLAGS = {"chunks": "--chunks", "size": "--size", "root": "--root", "time_l
                "runtime": "--runtime", "method": "--method", "name": "--name", "min_bytes": "--size-range",
                "max_bytes": "--size-range", "inplace": "--inplace", "multicast": "--multicast", "nodes": "--nodes",
                "demand": "--demand", "dtype": "--dtype", "objective": "--objective", "fail_link": "--fail-link",
-               "degrade": "--degrade"}
+               "degrade": "--degrade", "band_factor": "--band-factor", "sizes": "--sizes"}
 _LEADING = re.compile(r"^([a-z_]+)(?:=([^:]*))?: ")
 _QUOTED = re.compile(r"`([a-z_]+)(?:=([^`]*))?`")
 
