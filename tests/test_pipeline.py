@@ -117,7 +117,7 @@ def test_library_refuses_more_crossover_bands_than_the_old_runtime_loads(topo, m
     import compiler.pipeline as pipeline
     from compiler.analysis.crossovers import Band
 
-    def alternating(programs, topo, lo, hi, candidates=None, grain=1):
+    def alternating(programs, topo, lo, hi, candidates=None, grain=1, middle=None):
         cut = [lo, 2 * lo, 4 * lo, 8 * lo, 16 * lo, hi + 1]
         return [Band(a, b - 1, k % 2, 1 - k % 2, a, 1e-5, 2e-5) for k, (a, b) in enumerate(zip(cut, cut[1:]))]
     monkeypatch.setattr(pipeline, "crossover_bands", alternating)
