@@ -316,6 +316,7 @@ class Search:
     refinings: dict = field(default_factory=dict)  # parts -> what refined() found for them
     found: dict = field(default_factory=dict)  # id(demand) -> (demand, its candidates()): Search.candidates
     fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, HIER_PARTS)
+    built_s: float = 0.0  # the longest a constructive method's plan took so far
 
     def judging_s(self, c: Candidate) -> float:
         """About how long judging `c` takes: its probe's seconds times what the latest judged
@@ -443,9 +444,14 @@ class Search:
                                     f"{ring_s / best:.0f}x the best plan)")
                 return
         left = self.deadline - time.perf_counter()
-        if left <= 1.0 and self.results and not anyway:
+        # an optimiser needs a second; a constructive plan only as long as the longest so far took, twice (a 2-GPU
+        # allreduce 4 KB at --time-limit 2 left oneshot out after direct and ring took 0.08 s: direct's program was
+        # written at 0.874 of the floor, oneshot's is at it)
+        need = min(1.0, 2 * self.built_s) if method in CONSTRUCTIVE else 1.0
+        if left <= need and self.results and not anyway:
             self.skipped.append(f"{method} at {parts}x (time limit reached)")
             return
+        began = time.perf_counter()
         # the whole chunks get most of the time: they are the cheapest model and often enough
         share = (left * FIRST_SHARE if n == 0 else left / max(1, len(REFINEMENTS) - n)) \
             if method in ("milp", "lp", "rounds") and len(self.refinements) > 1 else left
@@ -458,6 +464,8 @@ class Search:
             if method == "milp" and "lp" not in methods and "rounds" not in methods:
                 methods.append("rounds")  # the exact model was too big for its share: solve it in windows
             return
+        if method in CONSTRUCTIVE:
+            self.built_s = max(self.built_s, time.perf_counter() - began)
         m = best_ideal(self.topo, s, protocol_names(self.topo))
         self.planned.add((parts, method))
         self.results.append(Candidate(m.finish_time_s, parts, method, s, m.bound_ratio, floor_s=m.lower_bound_s))
