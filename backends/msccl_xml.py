@@ -295,7 +295,7 @@ class _Reader:
         return Program(name=name, collective=collective_of(coll), ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
-                       demand=demand, runtimes=runtimes, notes=tuple(self.notes))
+                       demand=demand, runtimes=runtimes, notes=tuple(self.notes), coll_attribute=coll)
 
     def runtimes(self, root) -> tuple[str, ...]:
         """The runtimes comment (see `runtimes_comment`) before <algo> or directly inside it, if any."""

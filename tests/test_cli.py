@@ -70,7 +70,9 @@ def test_every_collective_end_to_end(tmp_path, name, hw):
     etree.fromstring(text.encode())
     program = read_xml(text)
     for runtime in out["verified_for"]:
-        assert verify(program, runtime).ok
+        # reduce-scatter's old runtime reads its own spelling, written beside (a.legacy.xml)
+        legacy = out["collective"] == "reduce_scatter" and runtime == "old"
+        assert verify(read_xml(tmp_path / "a.legacy.xml") if legacy else program, runtime).ok
     assert 0 < out["bound_ratio"] <= 1 + 1e-9
     if out["collective"] == "reduce_scatter" and "old" in out["verified_for"]:  # the old runtime runs on NVIDIA GPUs
         assert (tmp_path / "a.legacy.xml").is_file() and 'coll="reduce_scatter"' in (tmp_path / "a.legacy.xml").read_text()

@@ -279,3 +279,22 @@ def test_reader_never_crashes_on_mutated_files(data):
         assert "\n" not in str(e)
     else:
         assert isinstance(p, Program)
+
+
+@pytest.mark.parametrize("spelling,accepted", [("reduce_scatter", ("old",)), ("reducescatter", ("executor", "rccl"))])
+def test_verify_judges_the_reduce_scatter_spelling_as_written(spelling, accepted):
+    """msccl-tools writes coll="reduce_scatter", which only the old runtime parses; the executor's and
+    RCCL's parsers take only "reducescatter" (msccl-xml.md §2.1, §13): verify for a runtime whose parser
+    rejects the file's spelling must fail, and --runtime all judges the file for those that take it."""
+    from compiler.program.verify import verify
+    from tests.test_verify import ring_reduce_scatter
+    xml = to_xml(ring_reduce_scatter(), "old").replace('coll="reduce_scatter"', f'coll="{spelling}"')
+    p = read_xml(xml)
+    for runtime in ("old", "executor", "rccl"):
+        v = verify(p, runtime)
+        if runtime in accepted:
+            assert v.ok, v.summary()
+        else:
+            assert not v.ok and [f.rule for f in v.findings] == ["coll"] and spelling in v.findings[0].message
+    v = verify(p)
+    assert v.ok and v.runtimes == accepted

@@ -84,6 +84,9 @@ class Program:
     demand: Demand | None = None  # a custom collective's postcondition, in units of this program's chunks
     runtimes: tuple[str, ...] = ()  # the runtimes whose limits it keeps; (): unknown (every one with its coll)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # the `coll` attribute as a file spelled it (reduce_scatter or reducescatter: each runtime takes one);
+    # None for a program not read from XML
+    coll_attribute: str | None = field(default=None, compare=False)
 
     @property
     def nthreadblocks_max(self) -> int:

@@ -14,7 +14,7 @@ from compiler.program.findings import Finding, finding
 from compiler.program.semantics import expected_chunks, messages, thread_blocks
 from compiler.specs.collectives import SPECS, inplace_alias
 from compiler.specs.runtimes import (ALL, MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_NODES, MAX_OFFSET, MAX_TBS_PER_CHANNEL,
-                                    Limits, limits_for)
+                                    NAMES, RUNTIMES, Limits, limits_for, target_runtimes)
 
 
 def _tbs(p: Program) -> Iterable[tuple[int, ThreadBlock]]:
@@ -64,10 +64,18 @@ def inplace_flags(p: Program, lim: Limits) -> list[Finding]:
 
 
 def coll(p: Program, lim: Limits) -> list[Finding]:
-    if p.collective in lim.colls:
-        return []
-    return [finding("coll", f"collective {p.collective!r} is not accepted by the target runtime "
-                            f"(accepted: {', '.join(sorted(lim.colls))})")]
+    if p.collective not in lim.colls:
+        return [finding("coll", f"collective {p.collective!r} is not accepted by the target runtime "
+                                f"(accepted: {', '.join(sorted(lim.colls))})")]
+    # as spelled in the file: reduce-scatter is reduce_scatter for the old runtime, reducescatter for the
+    # others (msccl-xml.md §2.1); the parser of a runtime that does not take the spelling rejects the file
+    refuse = [r for r in lim.runtimes if p.coll_attribute is not None and not RUNTIMES[r].parses(p.coll_attribute)]
+    if refuse:
+        takers = [r for r in NAMES if RUNTIMES[r].parses(p.coll_attribute)]
+        return [finding("coll", f"coll={p.coll_attribute!r} is not accepted by the {'/'.join(refuse)} runtime"
+                                f"{'s' if len(refuse) > 1 else ''} (it is {p.collective} as {'/'.join(takers)} "
+                                f"spell{'' if len(takers) > 1 else 's'} it)")]
+    return []
 
 
 def buffer_size(p: Program, lim: Limits) -> list[Finding]:
@@ -401,8 +409,19 @@ STRUCTURAL = frozenset({"proto", "nchunksperloop", "gpu-ids", "tb-ids", "peer", 
                         "step-type", "buffer", "cnt", "offset", "no-peer", "dep-target", "fifo-count", "cnt-mismatch"})
 
 
+def declared_runtimes(p: Program) -> tuple[str, ...]:
+    """The runtimes a file is for where it says so: those its runtimes comment names, else, where its
+    `coll` is spelled as only some of the runtimes with its collective spell it (reduce_scatter: the
+    old runtime; reducescatter: executor and RCCL), those; () where it does not say."""
+    if p.runtimes or p.coll_attribute is None or p.collective not in SPECS:
+        return p.runtimes
+    takers = target_runtimes(p.collective)
+    spelled = tuple(r for r in takers if RUNTIMES[r].parses(p.coll_attribute))
+    return spelled if spelled and spelled != takers else ()
+
+
 def static_findings(p: Program, runtime: str = ALL, only: frozenset[str] | None = None) -> list[Finding]:
     """The static rules' findings for `runtime` (ALL: the strictest over the runtimes the program
     declares, else those the collective targets); with `only`, just the findings of those rules."""
-    lim = limits_for(runtime, p.collective, declared=p.runtimes)
+    lim = limits_for(runtime, p.collective, declared=declared_runtimes(p))
     return [f for rule in STATIC_RULES for f in rule(p, lim) if only is None or f.rule in only]

@@ -17,7 +17,7 @@ from compiler.model.demand import Chunk, Demand
 from compiler.model.program import Program
 from compiler.program.findings import Finding, finding
 from compiler.program.interpret import Encoding, Trace, traces
-from compiler.program.rules import STRUCTURAL, co_residency, static_findings
+from compiler.program.rules import STRUCTURAL, co_residency, declared_runtimes, static_findings
 from compiler.program.semantics import expected_chunks, root_candidates
 from compiler.specs.collectives import CUSTOM, SPECS
 from compiler.specs.runtimes import ALL, judged_runtimes
@@ -47,7 +47,7 @@ def verify(program: Program, runtime: str = ALL, demand: Demand | None = None, s
     `judged_runtimes`), then symbolic execution against
     the postcondition (`demand`, else the program's own demand, else the standard collective's):
     once as an out-of-place call and once as an in-place call, for each kind the header allows."""
-    judged = judged_runtimes(program.collective, runtime, program.runtimes)
+    judged = judged_runtimes(program.collective, runtime, declared_runtimes(program))
     demand = demand if demand is not None else program.demand
     findings = static_findings(program, runtime)
     findings += co_residency(program, sms)

@@ -37,7 +37,7 @@ def run(args) -> int:
     if judged != args.runtime:
         plural = "s" if len(verdict.runtimes) > 1 else ""
         judged += (f" (the runtime{plural} the file names)" if program.runtimes
-                   else f" (the runtime{plural} with coll={program.collective})")
+                   else f" (the runtime{plural} with coll={program.coll_attribute or program.collective})")
     if args.json:
         emit_json({"file": args.file, "verified": verdict.ok, "runtime": args.runtime,
                    "runtimes": list(verdict.runtimes), "demand": "--demand" if args.demand else
