@@ -508,3 +508,13 @@ def test_sparse_symbols_judge_as_the_ints_do(monkeypatch):
     sparse = [verify(x) for x in (p, bad, ring_allgather_2tb())]
     assert [v.findings for v in sparse] == [v.findings for v in dense]
     assert sparse[0].ok and not sparse[1].ok
+
+
+def test_min_bytes_above_max_bytes_is_refused():
+    """msccl-xml.md §2.1/§13: the old runtime's parser rejects minBytes > maxBytes, and no runtime
+    selects such a file for any size; a finite band in order (or maxBytes=0, no limit) is fine."""
+    p = ring_allgather_2tb()
+    assert verify(replace(p, min_bytes=10**6, max_bytes=10**5)).findings[0].rule == "size-band"
+    assert not verify(replace(p, min_bytes=10**6, max_bytes=10**5), "executor").ok
+    assert verify(replace(p, min_bytes=10**6, max_bytes=0)).ok
+    assert verify(replace(p, min_bytes=10**5, max_bytes=10**6)).ok

@@ -46,6 +46,15 @@ def nchunksperloop(p: Program, lim: Limits) -> list[Finding]:
     return [] if p.nchunksperloop >= 1 else [finding("nchunksperloop", f"nchunksperloop={p.nchunksperloop} < 1")]
 
 
+def size_band(p: Program, lim: Limits) -> list[Finding]:
+    """minBytes above a finite maxBytes: the old runtime's parser rejects the file and no runtime
+    selects it for any size (msccl-xml.md §2.1, §13)."""
+    if p.max_bytes and p.min_bytes > p.max_bytes:
+        return [finding("size-band", f"minBytes={p.min_bytes} is above maxBytes={p.max_bytes}: the old runtime "
+                                     "rejects the file and no runtime selects it for any size")]
+    return []
+
+
 def gpu_ids(p: Program, lim: Limits) -> list[Finding]:
     ranks = [g.rank for g in p.gpus]
     if p.ngpus >= 1 and ranks == list(range(p.ngpus)):
@@ -399,7 +408,7 @@ def fifo_order(p: Program, lim: Limits) -> list[Finding]:
 
 
 STATIC_RULES: tuple[Callable[[Program, Limits], list[Finding]], ...] = (
-    proto, nchannels, nchunksperloop, gpu_ids, inplace_flags, coll, buffer_size,
+    proto, nchannels, nchunksperloop, size_band, gpu_ids, inplace_flags, coll, buffer_size,
     tb_ids, tb_count, peer, chan, conn_unique, channel_tbs, conn_symmetry, max_steps, nodes,
     step_type, buffer, cnt, offset, no_peer, dep_target, depid_range, hasdep, dep_on_nop, nop_dep, nop_chain,
     trailing_nop, fifo_count, cnt_mismatch, fifo_order,
