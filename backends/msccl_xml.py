@@ -150,6 +150,7 @@ class _Reader:
         # a step's attributes as written (all but s) -> its Step, for attributes that read with no note:
         # a program repeats few distinct steps (512 GPUs: 553,472 steps), and Steps are frozen, so one serves all
         self.known_steps: dict[tuple, Step] = {}
+        self.max_s = -1  # the largest s attribute that is not its step's position
 
     def fail(self, where: str, attr: str, problem: str) -> XmlError:
         return XmlError(f"{self.label}: {where}: {attr}: {problem}" if attr else f"{self.label}: {where}: {problem}")
@@ -238,6 +239,7 @@ class _Reader:
                 notes = len(self.notes)
                 s, step = self.step(child, f"{where} step {k}")
                 if s != k:
+                    self.max_s = max(self.max_s, s)
                     self.notes.append(f"{self.label}: {where} step {k}: s=\"{s}\" differs from its position {k}; "
                                       "the runtimes number steps by position, so dependencies on it may misfire")
                 elif len(self.notes) == notes:
@@ -295,7 +297,8 @@ class _Reader:
         return Program(name=name, collective=collective_of(coll), ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
-                       demand=demand, runtimes=runtimes, notes=tuple(self.notes), coll_attribute=coll)
+                       demand=demand, runtimes=runtimes, notes=tuple(self.notes), coll_attribute=coll,
+                       max_step_attribute=self.max_s)
 
     def runtimes(self, root) -> tuple[str, ...]:
         """The runtimes comment (see `runtimes_comment`) before <algo> or directly inside it, if any."""

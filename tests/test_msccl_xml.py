@@ -298,3 +298,19 @@ def test_verify_judges_the_reduce_scatter_spelling_as_written(spelling, accepted
             assert not v.ok and [f.rule for f in v.findings] == ["coll"] and spelling in v.findings[0].message
     v = verify(p)
     assert v.ok and v.runtimes == accepted
+
+
+def test_verify_refuses_a_step_number_beyond_the_parsers_range():
+    """The parsers range-check the s attribute (0 <= s < 64 executor/RCCL, < 256 legacy, msccl-xml.md
+    §2.4) whatever the step's position: s="70" is read with a warning, and verify must refuse it
+    for the executor and RCCL (the legacy parser takes it)."""
+    from compiler.program.verify import verify
+    xml = to_xml(small_program()).replace('<step s="3" type="s" srcbuf="o" srcoff="2"',
+                                          '<step s="70" type="s" srcbuf="o" srcoff="2"', 1)
+    p = read_xml(xml)
+    assert any('s="70"' in n for n in p.notes)
+    for runtime in ("executor", "rccl", "all"):
+        v = verify(p, runtime)
+        assert not v.ok and [f.rule for f in v.findings] == ["max-steps"] and 's="70"' in v.findings[0].message
+    assert verify(p, "old").ok
+    assert verify(read_xml(to_xml(small_program())), "executor").ok

@@ -87,6 +87,9 @@ class Program:
     # the `coll` attribute as a file spelled it (reduce_scatter or reducescatter: each runtime takes one);
     # None for a program not read from XML
     coll_attribute: str | None = field(default=None, compare=False)
+    # the largest `s` attribute a file gives a step where it is not the step's position (the parsers
+    # range-check it: s < MAX_STEPS); -1 where all are positions or the program was not read from XML
+    max_step_attribute: int = field(default=-1, compare=False)
 
     @property
     def nthreadblocks_max(self) -> int:

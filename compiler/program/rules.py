@@ -194,8 +194,12 @@ def conn_symmetry(p: Program, lim: Limits) -> list[Finding]:
 
 
 def max_steps(p: Program, lim: Limits) -> list[Finding]:
-    return [finding("max-steps", f"{len(tb.steps)} steps (nops included); the runtime allows {lim.max_steps}", r, tb.id)
-            for r, tb in _tbs(p) if len(tb.steps) > lim.max_steps]
+    out = [finding("max-steps", f"{len(tb.steps)} steps (nops included); the runtime allows {lim.max_steps}", r, tb.id)
+           for r, tb in _tbs(p) if len(tb.steps) > lim.max_steps]
+    if p.max_step_attribute >= lim.max_steps:  # the parsers range-check s itself (msccl-xml.md §2.4)
+        out.append(finding("max-steps", f"a step is numbered s=\"{p.max_step_attribute}\"; the runtime's parser "
+                                        f"allows s < {lim.max_steps}"))
+    return out
 
 
 def nodes(p: Program, lim: Limits) -> list[Finding]:
