@@ -151,6 +151,14 @@ class _Reader:
         # a program repeats few distinct steps (512 GPUs: 553,472 steps), and Steps are frozen, so one serves all
         self.known_steps: dict[tuple, Step] = {}
         self.max_s = -1  # the largest s attribute that is not its step's position
+        self.syntax: list[str] = []  # what the runtimes' reader rejects or misreads (syntax_problems, attributes)
+
+    def attributes(self, el, where: str) -> None:
+        """More than MAX_ATTRIBUTES on an element: the runtimes' reader drops the rest silently."""
+        if len(el.attrib) > MAX_ATTRIBUTES:
+            dropped = list(el.attrib)[MAX_ATTRIBUTES:]
+            self.syntax.append(f"{where}: {len(el.attrib)} attributes; the runtimes' reader keeps {MAX_ATTRIBUTES} "
+                               f"and silently drops {', '.join(dropped)}")
 
     def fail(self, where: str, attr: str, problem: str) -> XmlError:
         return XmlError(f"{self.label}: {where}: {attr}: {problem}" if attr else f"{self.label}: {where}: {problem}")
@@ -204,6 +212,7 @@ class _Reader:
         return out
 
     def step(self, el, where: str) -> tuple[int, Step]:
+        self.attributes(el, where)
         for attr in _STEP_ATTRS:
             if el.get(attr) is None:
                 raise self.fail(where, attr, "required attribute is missing")
@@ -224,6 +233,7 @@ class _Reader:
         where = f"gpu {rank} tb (position {position})"
         tid = self.int(el, where, "id", 0)
         where = f"gpu {rank} tb {tid}"
+        self.attributes(el, where)
         peers = []
         for attr in ("send", "recv"):
             peer = self.int(el, where, attr, -1, ngpus - 1)
@@ -250,6 +260,7 @@ class _Reader:
     def gpu(self, el, ngpus: int, position: int) -> GpuProgram:
         rank = self.int(el, f"gpu (position {position})", "id", 0, ngpus - 1)
         where = f"gpu {rank}"
+        self.attributes(el, where)
         sizes = [self.int(el, where, a, 0) for a in ("i_chunks", "o_chunks", "s_chunks")]
         tbs = sorted((self.tb(c, rank, ngpus, k) for k, c in enumerate(self.children(el, "tb", where))),
                      key=lambda t: t.id)
@@ -263,6 +274,7 @@ class _Reader:
         if root.tag != "algo":
             raise self.fail(f"<{root.tag}>", "", "the root element must be <algo>")
         w = "algo"
+        self.attributes(root, w)
         proto = self.text(root, w, "proto")
         if proto not in PROTOCOLS:
             raise self.fail(w, "proto", f"{proto!r} is not a protocol ({', '.join(PROTOCOLS)})")
@@ -280,9 +292,12 @@ class _Reader:
             max_bytes = 0
         name = root.get("name", "")
         missing = [a for a in ("name", "outofplace", "minBytes", "maxBytes") if root.get(a) is None]
-        if missing:
+        if missing:  # name: the old runtime requires it; the others: the executor and RCCL (msccl-xml.md §2.1)
+            needs = " and ".join(f"the {who} requires {', '.join(m for m in missing if (m == 'name') == old)}"
+                                 for who, old in (("old runtime", True), ("executor", False))
+                                 if any((m == "name") == old for m in missing))
             self.notes.append(f"{self.label}: algo: no {', '.join(missing)} (msccl-tools style): defaults used; "
-                              "the executor requires them")
+                              f"{needs}")
         gpus: dict[int, GpuProgram] = {}
         for k, child in enumerate(self.children(root, "gpu", w)):
             g = self.gpu(child, ngpus, k)
@@ -297,7 +312,8 @@ class _Reader:
         return Program(name=name, collective=collective_of(coll), ngpus=ngpus, nchunksperloop=nchunks,
                        nchannels=nchannels, gpus=tuple(gpus[r] for r in range(ngpus)), proto=proto,
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
-                       demand=demand, runtimes=runtimes, notes=tuple(self.notes), coll_attribute=coll,
+                       demand=demand, runtimes=runtimes, notes=tuple(self.notes), syntax=tuple(self.syntax),
+                       coll_attribute=coll,
                        max_step_attribute=self.max_s)
 
     def runtimes(self, root) -> tuple[str, ...]:
@@ -364,15 +380,39 @@ def _source(source: str | bytes | os.PathLike) -> tuple[str, bytes]:
     return str(source), read_input(source, "XML file", XmlError)
 
 
+MAX_ATTRIBUTES = 16  # the runtimes' reader keeps this many attributes of an element, silently dropping the rest
+_TAG_ACROSS_LINES = re.compile(rb"<[A-Za-z][^<>\n\r]*[\n\r][^<>]*>")
+_SINGLE_QUOTED = re.compile(rb"<[A-Za-z][^<>]*?=[ ]*'")
+
+
+def syntax_problems(data: bytes) -> list[str]:
+    """What XML allows and the runtimes' hand-written reader rejects or misreads (msccl-xml.md §1):
+    an XML declaration, tabs, a start tag across lines, single-quoted values (each at its first line)."""
+    def line(at: int) -> int:
+        return data.count(b"\n", 0, at) + 1
+    out = []
+    if data.lstrip().startswith(b"<?xml"):
+        out.append("starts with an XML declaration, which the runtimes' reader rejects")
+    tab = data.find(b"\t")
+    if tab >= 0:
+        out.append(f"line {line(tab)}: a tab, which the runtimes' reader rejects (indent with spaces)")
+    # fast path: where every newline follows a '>', no start tag spans lines (our files: one tag per line)
+    m = None if data.count(b"\n") == data.count(b">\n") else _TAG_ACROSS_LINES.search(data)
+    if m:
+        out.append(f"line {line(m.start())}: a start tag across lines, which the runtimes' reader rejects (a tag "
+                   "and its attributes on one line)")
+    m = _SINGLE_QUOTED.search(data) if b"'" in data else None
+    if m:
+        out.append(f"line {line(m.start())}: a value in single quotes, which the runtimes' reader reads up to the "
+                   "next double quote")
+    return out
+
+
 def read_xml(source: str | bytes | os.PathLike) -> Program:
     """A Program from an MSCCL XML file (path) or text. Raises XmlError on anything malformed."""
     label, data = _source(source)
     reader = _Reader(label)
-    stripped = data.lstrip()
-    if stripped.startswith(b"<?xml"):
-        reader.notes.append(f"{label}: starts with an XML declaration, which the runtimes' reader rejects")
-    if b"\t" in data:
-        reader.notes.append(f"{label}: contains tabs, which the runtimes' reader rejects")
+    reader.syntax = syntax_problems(data)
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, remove_comments=False,
                              remove_pis=True, huge_tree=False)
     try:

@@ -518,3 +518,27 @@ def test_min_bytes_above_max_bytes_is_refused():
     assert not verify(replace(p, min_bytes=10**6, max_bytes=10**5), "executor").ok
     assert verify(replace(p, min_bytes=10**6, max_bytes=0)).ok
     assert verify(replace(p, min_bytes=10**5, max_bytes=10**6)).ok
+
+
+def test_text_the_runtimes_reader_rejects_is_a_finding_not_a_warning():
+    """The runtimes read XML with NCCL's small hand-written reader (msccl-xml.md §1): an XML
+    declaration, a tab, a start tag across lines and a single-quoted value are parse errors or
+    misreadings there, and a 17th attribute is silently dropped (here maxBytes, which the executor
+    requires). lxml reads all of them; verify called such files correct (two with a warning)."""
+    from backends.msccl_xml import read_xml, to_xml
+    text = to_xml(ring_allgather_2tb())
+    assert read_xml(text).syntax == () and verify(read_xml(text)).ok  # our writer's text
+    head = text[:text.index(">")]
+    broken = {
+        "declaration": '<?xml version="1.0"?>\n' + text,
+        "tab": text.replace('  <gpu id="1"', '\t<gpu id="1"', 1),
+        "across lines": text.replace(' proto=', '\n proto=', 1),
+        "single quotes": text.replace('<gpu id="1"', "<gpu id='1'", 1),
+        "17 attributes": text.replace(head, head.replace(" minBytes", "".join(f' x{k}="0"' for k in range(7))
+                                                         + " minBytes"), 1),
+    }
+    for what, bad in broken.items():
+        assert bad != text, what
+        v = verify(read_xml(bad))
+        assert not v.ok and [f.rule for f in v.findings] == ["syntax"], (what, v.findings)
+    assert "drops maxBytes" in verify(read_xml(broken["17 attributes"])).findings[0].message

@@ -84,6 +84,8 @@ class Program:
     demand: Demand | None = None  # a custom collective's postcondition, in units of this program's chunks
     runtimes: tuple[str, ...] = ()  # the runtimes whose limits it keeps; (): unknown (every one with its coll)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # what a file read from XML has that the runtimes' hand-written reader rejects or misreads (msccl-xml.md §1)
+    syntax: tuple[str, ...] = field(default=(), compare=False)
     # the `coll` attribute as a file spelled it (reduce_scatter or reducescatter: each runtime takes one);
     # None for a program not read from XML
     coll_attribute: str | None = field(default=None, compare=False)

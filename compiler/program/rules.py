@@ -30,6 +30,11 @@ def _steps(p: Program):
 
 # ---- header rules --------------------------------------------------------------------------------
 
+def syntax(p: Program, lim: Limits) -> list[Finding]:
+    """What the file's text has that the runtimes' reader rejects or misreads (msccl-xml.md §1)."""
+    return [finding("syntax", problem) for problem in p.syntax]
+
+
 def proto(p: Program, lim: Limits) -> list[Finding]:
     if p.proto in PROTOCOLS:
         return []
@@ -412,7 +417,7 @@ def fifo_order(p: Program, lim: Limits) -> list[Finding]:
 
 
 STATIC_RULES: tuple[Callable[[Program, Limits], list[Finding]], ...] = (
-    proto, nchannels, nchunksperloop, size_band, gpu_ids, inplace_flags, coll, buffer_size,
+    syntax, proto, nchannels, nchunksperloop, size_band, gpu_ids, inplace_flags, coll, buffer_size,
     tb_ids, tb_count, peer, chan, conn_unique, channel_tbs, conn_symmetry, max_steps, nodes,
     step_type, buffer, cnt, offset, no_peer, dep_target, depid_range, hasdep, dep_on_nop, nop_dep, nop_chain,
     trailing_nop, fifo_count, cnt_mismatch, fifo_order,
