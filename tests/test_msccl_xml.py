@@ -184,8 +184,8 @@ def test_reads_reducescatter_and_custom_spellings():
 
 def test_notes_for_what_the_runtimes_reject():
     xml = '<?xml version="1.0"?>\n' + to_xml(small_program()).replace("  <gpu", "\t<gpu", 1)
-    notes = " ".join(read_xml(xml).notes)
-    assert "declaration" in notes and "tabs" in notes
+    syntax = " ".join(read_xml(xml).syntax)  # verify's findings (and the other commands' warnings)
+    assert "declaration" in syntax and "a tab" in syntax
     shifted = to_xml(small_program()).replace('<step s="1"', '<step s="7"', 1)
     assert any("differs from its position" in n for n in read_xml(shifted).notes)
 

@@ -150,11 +150,12 @@ def refuse_disabled_proto(proto: str, topo: "Topology") -> None:
 READER_WARNINGS = 5  # a file's reader warnings printed at most (the rest counted)
 
 
-def reader_warnings(program) -> list[str]:
+def reader_warnings(program, syntax: bool = True) -> list[str]:
     """What reading the file accepted with a warning (a step's s off its position, ignored elements,
-    msccl-tools defaults, strtol spellings: backends/msccl_xml.py), printed on stderr, the first
+    msccl-tools defaults, strtol spellings: backends/msccl_xml.py) and, with `syntax`, what the runtimes'
+    reader would reject in its text (verify says that as findings), printed on stderr, the first
     READER_WARNINGS of them; all returned (for --json)."""
-    notes = list(program.notes)
+    notes = list(program.notes) + (list(program.syntax) if syntax else [])
     for n in notes[:READER_WARNINGS]:
         print(f"{PROG}: warning: {n}", file=sys.stderr)
     if len(notes) > READER_WARNINGS:

@@ -24,7 +24,7 @@ def run(args) -> int:
     from compiler.model.demand import load_custom_demand
     from compiler.program.verify import verify
     program = read_xml(args.file)
-    reader_warnings(program)
+    reader_warnings(program, syntax=False)  # its syntax problems are findings here
     demand = None
     if args.demand and program.collective != CUSTOM:
         raise ArgumentError(f"--demand: {args.file} is coll={program.collective}, not custom: its demand is the "
