@@ -392,12 +392,23 @@ def judge(topo: Topology, cands: list[Replanned], options: ReplanOptions, t0: fl
 
 
 def afresh(old: Schedule, topo: Topology, demand: Demand, options: ReplanOptions, t0: float) -> Replanned:
-    """Reductions (and multicast schedules) are planned anew with the old schedule's planner."""
+    """Reductions (and multicast schedules) are planned anew with the old schedule's planner, or with auto
+    where that planner cannot plan on the changed topology."""
     from compiler.planners import PlanOptions, plan
     from compiler.planners.registry import METHODS
     method = old.planner if old.planner in METHODS else "auto"
-    s = plan(topo, demand, PlanOptions(method=method, time_limit=options.time_limit))
+    fallback = ""
+    try:
+        s = plan(topo, demand, PlanOptions(method=method, time_limit=options.time_limit))
+    except CompileError as e:  # the old planner cannot plan on the changed topology (check_connected found that
+        # some schedule can: hier and direct need one-transfer paths a failed link may have cut), so auto plans
+        if method == "auto":
+            raise
+        fallback = f"; {method} could not plan it ({e})"
+        method = "auto"
+        s = plan(topo, demand, PlanOptions(method=method, time_limit=max(0.0, options.time_limit
+                                                                        - (time.perf_counter() - t0))))
     note = (f"replan: {demand.collective} reduces partial sums along its routes, so it was planned anew with "
-            f"{method} (nothing of the old schedule kept)")
+            f"{method} (nothing of the old schedule kept){fallback}")
     s = replace(s, notes=s.notes + (note,))
     return Replanned(s, 0, len(old.transfers), len(demand.needs()), time.perf_counter() - t0, (note,), "afresh")

@@ -128,3 +128,22 @@ def test_profiles_show_lists_link_names(tmp_path):
     assert {"3-nvswitch", "nic2@0-netswitch", "4-nic2"} <= {l["name"] for l in links}
     text = run_cli("profiles", "show", "dgx1", cwd=tmp_path).stdout
     assert "names:" in text and "0-1 (x2: 0-1#1..#2)" in text
+
+
+def test_a_reduction_whose_planner_cannot_plan_the_changed_topology_is_planned_by_auto(tmp_path):
+    """Reductions are planned afresh with the old planner; where it cannot plan on the changed topology
+    (direct and hier need a one-transfer path between ranks, and a failed link can cut it while relays
+    still connect every pair), replan used to stop with that planner's error."""
+    proc = run_cli("allreduce", "--hw", "fully-connected:4", "--size", "64KiB", "--method", "direct", "--time-limit",
+                   "3", "--workers", "1", "--schedule-out", "s.json", "--no-xml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("replan", "s.json", "--hw", "fully-connected:4", "--fail-link", "0-1", "-o", "x.xml",
+                   "--time-limit", "3", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["verified"] is True
+    program = read_xml(str(tmp_path / "x.xml"))
+    assert verify(program).ok
+    peers = {(g.rank, tb.send) for g in program.gpus for tb in g.tbs} | {(g.rank, tb.recv) for g in program.gpus
+                                                                           for tb in g.tbs}
+    assert not peers & {(0, 1), (1, 0)}
