@@ -332,6 +332,7 @@ def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = 
     alone, alone_s, naive, candidates, skipped, all_costed = evaluate(costed)
     if costed and not all_costed:
         alone, alone_s, naive, candidates, skipped, _ = evaluate(False)
+    costed = costed and all_costed
     best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
     plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
                           best.gates[i], plan_label(best.used[i]))
@@ -340,6 +341,11 @@ def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = 
     notes = tuple(dict.fromkeys(n for c in candidates for n in c.notes))
     if skipped:
         notes += (f"time limit reached; not tried: {'; '.join(skipped)}",)
+    if not costed:
+        why = ("a job starts late" if any(j.start_s > 0 for j in jobs)
+               else "the jobs' programs differ in protocol or chunk size")
+        notes += (f"times in alpha-beta, not under the runtime cost model ({why}): they leave out the launch and "
+                  "step latencies, so `simulate` of a job's file alone reports more",)
     return JobsResult(topo, options.objective, plans, best.label, table,
                       shared_links(topo, jobs, views, best.programs), time.perf_counter() - t0, notes)
 
