@@ -206,6 +206,22 @@ def test_a_roots_chunks_cross_on_every_rail(topo, coll):
         assert program_floor(t, bound_of(t, d)) / r.timing.finish_time_s >= 0.8
 
 
+@pytest.mark.parametrize("name,coll,root", [("dgx1", "scatter", 13), ("dgx1", "gather", 13), ("mi250", "gather", 3),
+                                            ("mi250", "scatter", 0)])
+def test_a_roots_chunks_on_nodes_without_every_link_cross_where_the_source_reaches(topo, name, coll, root):
+    """On DGX-1 and MI250 nodes not every two GPUs are linked, so a chunk for one remote rank may
+    cross on the destination's rail only where its source reaches that rail's GPU at home in one
+    transfer: scatter failed for every root and gather for some ("hier: rank 0 cannot reach rank 5
+    in one transfer on dgx1x2"), though the fan-out inside a node goes down trees."""
+    t = topo(name, 2)
+    d = make_demand(coll, t.ngpus, 2**20, 2, root=root)
+    s = plan(t, d, PlanOptions(method="hier"))
+    assert all(t.paths(x.src, x.dst) for x in s.transfers)
+    assert simulate(t, s).finish_time_s > 0  # refuses a schedule that leaves a need unmet
+    r = realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
+    assert verify(r.program, "all", d, t.sms).ok
+
+
 def test_a_broadcast_goes_round_the_nodes_one_way_so_each_byte_leaves_the_roots_node_once(topo):
     """With chains each way, each chunk leaves the root's node twice, so its NICs carry every byte
     twice. Going round every remote node one way, a rail's chunks forward and backward in turn,

@@ -128,6 +128,7 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
     nic_load: dict[tuple[int, int], int] = defaultdict(int)  # (node, local rank) -> chunks its rail carries
     ways: dict[tuple[int, int], int] = defaultdict(int)  # (node, local rank) -> chunks it sent round so far
     lones = 0
+    trees = nodes_need_trees(topo)
     for c in demand.chunks:
         s = c.sources[0]
         home = s // per
@@ -138,7 +139,10 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             # whichever NICs carry fewer chunks so far (a root's rail would otherwise carry all of them); the GPU on
             # that rail at the other end relays it inside its node
             ends = lambda r: max(nic_load[(home, r)], nic_load[(lone // per, r)])  # noqa: E731
-            across = at_home = min((s % per, lone % per), key=ends)
+            # the destination's rail only where the source reaches its GPU in one transfer (on nodes without
+            # direct links between some GPUs, MI250 and DGX-1, it may not: the source's own rail needs no hop)
+            rails = [r for r in (s % per, lone % per) if r == s % per or not trees or topo.paths(s, home * per + r)]
+            across = at_home = min(rails, key=ends)
             nic_load[(home, across)] += 1
             nic_load[(lone // per, across)] += 1
             lones += 1
