@@ -315,14 +315,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         if not options.fallback:
             raise
         from compiler.planners.baselines import plan_direct
-        from compiler.planners.milp import fallback_baseline
-        try:
-            base = plan_direct(topo, demand, options)
-        except CompileError:  # some GPUs are more than one transfer apart: relay (or ring) still plans
-            base = fallback_baseline(topo, demand, options)
-            if base is None:
-                raise e from None
-        return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{e}; kept the {base.planner} baseline")
+        from compiler.planners.milp import keep_baseline
+        return keep_baseline(e, topo, demand, options, t0, first=plan_direct)
 
 
 def _plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:

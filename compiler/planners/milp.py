@@ -274,6 +274,21 @@ def fallback_baseline(topo, demand, options) -> Schedule | None:
     return best
 
 
+def keep_baseline(error: CompileError, topo, demand, options, t0: float, first=None) -> Schedule:
+    """What an optimiser that found no schedule in time (`error`) returns: `first`'s plan where it
+    plans (lp: direct), else fallback_baseline's, noted; `error` itself where none plans."""
+    base = None
+    if first is not None:
+        try:
+            base = first(topo, demand, options)
+        except CompileError:  # some GPUs are more than one transfer apart: relay (or ring) still plans
+            pass
+    base = base or fallback_baseline(topo, demand, options)
+    if base is None:
+        raise error
+    return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{error}; kept the {base.planner} baseline")
+
+
 def search_horizon(topo, demand, te, lower: int, upper: int | None, options: PlanOptions, budget: float,
                    sym: Symmetry | None = None) -> tuple[int, str, dict | None]:
     """Smallest horizon the MILP finds feasible within `budget` seconds: doubling from the lower

@@ -69,11 +69,8 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         # (a gather on DGX-1, an alltoall on a line): keep a baseline, as milp and lp do
         if not options.fallback:
             raise
-        from compiler.planners.milp import fallback_baseline
-        base = fallback_baseline(topo, demand, options)
-        if base is None:
-            raise
-        return replace(base, solve_time=time.perf_counter() - t0).with_notes(f"{e}; kept the {base.planner} baseline")
+        from compiler.planners.milp import keep_baseline
+        return keep_baseline(e, topo, demand, options, t0)
 
 
 def plan_rounds(topo: Topology, demand: Demand, options: PlanOptions, window: int | None = None) -> Schedule:
