@@ -312,8 +312,6 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     try:
         return _plan(topo, demand, options)
     except InfeasibleError as e:
-        if not options.fallback:
-            raise
         from compiler.planners.baselines import plan_direct
         from compiler.planners.milp import keep_baseline
         return keep_baseline(e, topo, demand, options, t0, first=plan_direct)

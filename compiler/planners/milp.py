@@ -276,7 +276,10 @@ def fallback_baseline(topo, demand, options) -> Schedule | None:
 
 def keep_baseline(error: CompileError, topo, demand, options, t0: float, first=None) -> Schedule:
     """What an optimiser that found no schedule in time (`error`) returns: `first`'s plan where it
-    plans (lp: direct), else fallback_baseline's, noted; `error` itself where none plans."""
+    plans (lp: direct), else fallback_baseline's, noted; `error` itself where none plans or the caller
+    asked for no fallback (auto: it has other candidates)."""
+    if not options.fallback:
+        raise error
     base = None
     if first is not None:
         try:
