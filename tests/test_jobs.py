@@ -146,6 +146,14 @@ def test_times_alone_are_in_the_model_of_a_late_jobs_overlay(topo):
     assert run_together(shared, [Placed(result.jobs[0].program, (0, 1, 2, 3), 64e3)]).costed  # could have been
 
 
+def jobs_on_a100(tmp_path, doc: dict, name: str, out: str) -> dict:
+    """`jobs` of `doc` (written to `name`) on one DGX A100 at a 2 s limit, its --json."""
+    (tmp_path / name).write_text(json.dumps(doc))
+    proc = run_cli("jobs", name, "--hw", "dgx-a100", "-o", out, "--time-limit", "2", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def test_jobs_whose_chunk_sizes_are_not_multiples_of_each_other(tmp_path, topo):
     """1 MB and 1 MiB: the overlay counts both jobs' steps in their chunks' common unit (64 B here),
     so a step moves thousands of units, far past the table of primitive calls the timer kept for
@@ -154,10 +162,7 @@ def test_jobs_whose_chunk_sizes_are_not_multiples_of_each_other(tmp_path, topo):
     link, so each job's every figure must be its own written XML timed alone on its own view."""
     doc = {"jobs": [{"name": "a", "collective": "allgather", "ranks": [0, 1, 2, 3], "size": "1MB"},
                     {"name": "b", "collective": "allreduce", "ranks": [4, 5, 6, 7], "size": "1MiB"}]}
-    (tmp_path / "jobs.json").write_text(json.dumps(doc))
-    proc = run_cli("jobs", "jobs.json", "--hw", "dgx-a100", "-o", "out", "--time-limit", "2", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = jobs_on_a100(tmp_path, doc, "jobs.json", "out")
     assert sorted(p.name for p in (tmp_path / "out").glob("*.xml")) == ["a.xml", "b.xml"]
     shared = topo("dgx-a100")
     placed = []
@@ -182,14 +187,9 @@ def test_times_in_alpha_beta_say_so(tmp_path):
     and the manifest gave no hint of it (0.81 us for a 64 KiB gather whose file simulates at 13.81 us)."""
     doc = {"jobs": [{"name": "a", "collective": "allgather", "ranks": [0, 1, 2, 3], "size": "64KiB"},
                     {"name": "b", "collective": "allreduce", "ranks": [4, 5, 6, 7], "size": "256KiB"}]}
-    (tmp_path / "jobs.json").write_text(json.dumps(doc))
-    proc = run_cli("jobs", "jobs.json", "--hw", "dgx-a100", "-o", "out", "--time-limit", "2", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = jobs_on_a100(tmp_path, doc, "jobs.json", "out")
     assert any("alpha-beta" in n for n in out["notes"])
     doc["jobs"][1]["size"] = "64KiB"
     doc["jobs"][1]["collective"] = "allgather"
-    (tmp_path / "same.json").write_text(json.dumps(doc))
-    proc = run_cli("jobs", "same.json", "--hw", "dgx-a100", "-o", "same", "--time-limit", "2", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert not any("alpha-beta" in n for n in json.loads(proc.stdout)["notes"])  # costed: nothing to say
+    same = jobs_on_a100(tmp_path, doc, "same.json", "same")
+    assert not any("alpha-beta" in n for n in same["notes"])  # costed: nothing to say
