@@ -26,9 +26,9 @@ program is written without any comment.
 
 Reading (ours and other tools' files): lxml, no entities, no network. msccl-tools files lack
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
-Unknown elements (TACCL's `<copy>`) and attributes (`redop`, `nthreads`) are ignored, with a note
-for elements. The demand comment is read before `<algo>` or directly inside it, for coll=custom
-only (noted and ignored elsewhere: a standard collective's postcondition is the standard one).
+Unknown elements (TACCL's `<copy>`) and attributes (`redop`) are ignored, with a note for elements;
+`nthreads`, read by the old runtime only, is kept where that runtime would reject the file. The
+demand comment is read before `<algo>` or directly inside it, for coll=custom only (noted and ignored elsewhere: a standard collective's postcondition is the standard one).
 Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is 8); any
 spelling other than plain decimal is accepted with a warning in Program.notes. Everything else
 malformed raises XmlError, one line naming the file, element, attribute and value.
@@ -288,6 +288,7 @@ class _Reader:
         outofplace = self.flag(root, w, "outofplace", default=int(not inplace))
         min_bytes = self.int(root, w, "minBytes", 0, default=0)
         max_bytes = self.int(root, w, "maxBytes", 0, default=0)
+        old_runtime = self.old_runtime_attributes(root, w, max_bytes)
         if max_bytes == UNLIMITED_MAX_BYTES:
             max_bytes = 0
         name = root.get("name", "")
@@ -314,7 +315,24 @@ class _Reader:
                        inplace=inplace, outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
                        demand=demand, runtimes=runtimes, notes=tuple(self.notes), syntax=tuple(self.syntax),
                        coll_attribute=coll,
-                       max_step_attribute=self.max_s)
+                       max_step_attribute=self.max_s, old_runtime_attributes=old_runtime)
+
+    def old_runtime_attributes(self, root, w: str, max_bytes: int) -> tuple[str, ...]:
+        """msccl-xml.md §2.1/§13: the old runtime reads maxBytes="0" as "never selected" (the others
+        as no limit) and rejects an nthreads that is not a multiple of 32 (the others do not read it)."""
+        out = []
+        if root.get("maxBytes") is not None and max_bytes == 0:
+            out.append('maxBytes="0": the old runtime never selects the file (executor and RCCL read it as no '
+                       f'limit; write {UNLIMITED_MAX_BYTES} for no limit everywhere)')
+        nthreads = root.get("nthreads")
+        if nthreads is not None:
+            try:
+                bad = self.int(root, w, "nthreads", 0) % 32 != 0
+            except XmlError:
+                bad = True
+            if bad:
+                out.append(f'nthreads="{nthreads}" is not a multiple of 32: the old runtime rejects the file')
+        return tuple(out)
 
     def runtimes(self, root) -> tuple[str, ...]:
         """The runtimes comment (see `runtimes_comment`) before <algo> or directly inside it, if any."""

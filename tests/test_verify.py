@@ -1,4 +1,5 @@
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -542,3 +543,20 @@ def test_text_the_runtimes_reader_rejects_is_a_finding_not_a_warning():
         v = verify(read_xml(bad))
         assert not v.ok and [f.rule for f in v.findings] == ["syntax"], (what, v.findings)
     assert "drops maxBytes" in verify(read_xml(broken["17 attributes"])).findings[0].message
+
+
+def test_attributes_only_the_old_runtime_reads_its_own_way():
+    """msccl-xml.md §2.1/§13: the old runtime never selects a file with maxBytes="0" (the others read
+    it as no limit) and rejects an nthreads that is not a multiple of 32 (the others do not read it).
+    verify called both files correct for every runtime."""
+    from backends.msccl_xml import read_xml, to_xml
+    text = to_xml(ring_allgather_2tb())
+    ours = read_xml(text)
+    zero = read_xml(re.sub(r'maxBytes="\d+"', 'maxBytes="0"', text))
+    threads = read_xml(text.replace("<algo ", '<algo nthreads="100" ', 1))
+    assert verify(ours, "old").ok and verify(read_xml(text.replace("<algo ", '<algo nthreads="0x40" ', 1)), "old").ok
+    for p in (zero, threads):
+        assert [f.rule for f in verify(p, "old").findings] == ["old-runtime"]
+        assert verify(p, "executor").ok
+    assert "never selects" in verify(zero, "old").findings[0].message
+    assert "multiple of 32" in verify(threads).findings[0].message  # all runtimes: the old one among them

@@ -92,6 +92,9 @@ class Program:
     # the largest `s` attribute a file gives a step where it is not the step's position (the parsers
     # range-check it: s < MAX_STEPS); -1 where all are positions or the program was not read from XML
     max_step_attribute: int = field(default=-1, compare=False)
+    # what only the old runtime's parser makes of the file's attributes as written: an explicit
+    # maxBytes="0" (never selected there, no limit elsewhere), an nthreads not a multiple of 32
+    old_runtime_attributes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def nthreadblocks_max(self) -> int:

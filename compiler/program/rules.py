@@ -60,6 +60,13 @@ def size_band(p: Program, lim: Limits) -> list[Finding]:
     return []
 
 
+def old_runtime_attributes(p: Program, lim: Limits) -> list[Finding]:
+    """Attributes only the old runtime reads its own way (msccl-xml.md §2.1, §13)."""
+    if "old" not in lim.runtimes:
+        return []
+    return [finding("old-runtime", problem) for problem in p.old_runtime_attributes]
+
+
 def gpu_ids(p: Program, lim: Limits) -> list[Finding]:
     ranks = [g.rank for g in p.gpus]
     if p.ngpus >= 1 and ranks == list(range(p.ngpus)):
@@ -417,7 +424,7 @@ def fifo_order(p: Program, lim: Limits) -> list[Finding]:
 
 
 STATIC_RULES: tuple[Callable[[Program, Limits], list[Finding]], ...] = (
-    syntax, proto, nchannels, nchunksperloop, size_band, gpu_ids, inplace_flags, coll, buffer_size,
+    syntax, proto, nchannels, nchunksperloop, size_band, old_runtime_attributes, gpu_ids, inplace_flags, coll, buffer_size,
     tb_ids, tb_count, peer, chan, conn_unique, channel_tbs, conn_symmetry, max_steps, nodes,
     step_type, buffer, cnt, offset, no_peer, dep_target, depid_range, hasdep, dep_on_nop, nop_dep, nop_chain,
     trailing_nop, fifo_count, cnt_mismatch, fifo_order,
