@@ -49,6 +49,16 @@ def test_failed_link_is_never_used(saved, topo):
     assert verify(read_xml(str(saved / "fail.xml"))).ok
 
 
+def test_one_of_parallel_links_failed_is_checked_on_the_link_left(saved):
+    """0-1 on DGX-1 is two NVLinks: with #2 failed the pair stays usable with one; the summary said
+    nothing about the changed link (no check line), as if nothing had changed."""
+    out = replan_json(saved, "--fail-link", "0-1#2")
+    checks = out["checks"]["links"]
+    assert sorted(checks) == ["gpu0->gpu1", "gpu1->gpu0"]
+    assert all(c["count"] == 1 and not c["failed"] and c["within_capacity"] for c in checks.values())
+    assert checks["gpu0->gpu1"]["transfers"] > 0
+
+
 def test_degraded_link_carries_no_more_than_its_new_capacity(saved, topo):
     out = replan_json(saved, "--degrade", "0-4=0.25", "--schedule-out", "slow.json", "-o", "slow.xml")
     dgx1 = topo("dgx1")

@@ -31,13 +31,15 @@ def configure(p) -> None:
 
 
 def changed_topology(topo, args):
-    """(changed topology, changed (src, dst) pairs, what, field, description)."""
+    """(changed topology, changed (src, dst) pairs, what, field, description, link name, fraction,
+    the pairs whose links changed: those of one of parallel links too, which stay usable)."""
     from compiler.model.linknames import degrade, fail, resolve
     if args.fail_link:
         which = resolve(topo, args.fail_link, "fail_link")
-        pairs = frozenset() if which.parallel else frozenset((topo.links[i].src, topo.links[i].dst)
-                                                             for i in which.link.links)
-        return fail(topo, which), pairs, args.fail_link, "fail_link", f"{which.name} failed", which.name, None
+        touched = frozenset((topo.links[i].src, topo.links[i].dst) for i in which.link.links)
+        pairs = frozenset() if which.parallel else touched
+        return fail(topo, which), pairs, args.fail_link, "fail_link", f"{which.name} failed", which.name, None, \
+            touched
     if args.degrade:
         name, _, frac = args.degrade.rpartition("=")
         if not name:
@@ -51,8 +53,8 @@ def changed_topology(topo, args):
         changed = degrade(topo, which, fraction, "degrade")
         pairs = frozenset((topo.links[i].src, topo.links[i].dst) for i in which.link.links)
         return changed, pairs, args.degrade, "degrade", f"{which.name} at {fraction:g} of its bandwidth", which.name, \
-            fraction
-    return topo, frozenset(), "", "size", "no link changed", None, None
+            fraction, pairs
+    return topo, frozenset(), "", "size", "no link changed", None, None, frozenset()
 
 
 def link_checks(topo, schedule, metrics, pairs) -> dict:
@@ -99,7 +101,7 @@ def run(args) -> int:
     if not (args.fail_link or args.degrade or args.size):
         raise ArgumentError("replan: nothing changed: give --fail-link A-B, --degrade A-B=FRACTION or --size S")
     old, topo = saved_schedule(args, check=True)
-    changed, pairs, what, field, description, link, fraction = changed_topology(topo, args)
+    changed, pairs, what, field, description, link, fraction, touched = changed_topology(topo, args)
     new = replan(old, changed, ReplanOptions(pairs, what, field, args.size, args.time_limit, lowering=lower_options(args),
                                              fraction=fraction, runtime=args.runtime))
     # the program written is the one the candidates were judged by (realised once, within the time limit)
@@ -122,7 +124,7 @@ def run(args) -> int:
            "old": {"file": args.schedule, "planner": old.planner, "solve_time_s": old.solve_time, "time_s": old_time,
                    "time_on_changed_s": old_changed},
            "checks": {"simulated_on": changed.name + f" with {description}", "links": link_checks(
-               changed, new.schedule, result.planned, pairs)}}
+               changed, new.schedule, result.planned, touched)}}
     if args.json:
         emit_json(out)
     else:
