@@ -53,6 +53,7 @@ def test_joint_beats_naive_by_the_program_timer(weighted, topo):
     for j, spec in zip(out["jobs"], JOBS["jobs"]):
         program = read_xml(str(tmp / j["xml"]))
         assert program.ngpus == j["ngpus"] == 4 and j["alone_s"] <= j["naive_s"]
+        assert f"_{j['name']}-" in program.name  # identical jobs share a plan, each file names its own job
         assert verify(program).ok
         placed.append(Placed(program, tuple(spec["ranks"]), 8e6))
     together = run_together(shared, placed)

@@ -30,7 +30,7 @@ from compiler.jobs.overlay import Placed, run_together
 from compiler.jobs.spec import JobSpec
 from compiler.jobs.timeline import Timeline, place
 from compiler.jobs.view import JobView, job_view
-from compiler.lowering.lower import LowerOptions, lower
+from compiler.lowering.lower import LowerOptions, lower, program_name
 from compiler.model.demand import make_demand
 from compiler.model.linknames import link_names
 from compiler.model.program import Program
@@ -304,6 +304,11 @@ def plan_families(variants: list[dict[str, Result]], alone: list[Result]) -> lis
     return out
 
 
+def own_name(program: Program, job: JobSpec, view: JobView, used: Result) -> Program:
+    """The program under its job's name: identical jobs share one plan, lowered on the first one's view."""
+    return replace(program, name=program_name(job.collective, view.topology.name, used.schedule.planner))
+
+
 def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = JobsOptions()) -> JobsResult:
     if options.objective not in OBJECTIVES:
         raise CompileError(f"objective={options.objective!r}: not one of {', '.join(OBJECTIVES)}")
@@ -334,8 +339,8 @@ def plan_jobs(topo: Topology, jobs: tuple[JobSpec, ...], options: JobsOptions = 
         alone, alone_s, naive, candidates, skipped, _ = evaluate(False)
     costed = costed and all_costed
     best = min(candidates, key=lambda c: (score(options.objective, jobs, c.finish, alone_s), c.order != ()))
-    plans = tuple(JobPlan(j, v, r, best.programs[i], best.schedules[i], best.finish[i], alone_s[i], naive.finish[i],
-                          best.gates[i], plan_label(best.used[i]))
+    plans = tuple(JobPlan(j, v, r, own_name(best.programs[i], j, v, best.used[i]), best.schedules[i], best.finish[i],
+                          alone_s[i], naive.finish[i], best.gates[i], plan_label(best.used[i]))
                   for i, (j, v, r) in enumerate(zip(jobs, views, alone)))
     table = tuple((c.label, *_scores(jobs, c.finish, alone_s)) for c in candidates)
     notes = tuple(dict.fromkeys(n for c in candidates for n in c.notes))

@@ -456,6 +456,11 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
 
 
 @without_gc
+
+def program_name(collective: str, topology: str, planner: str) -> str:
+    """The `<algo name>` of a program lowered without a name given: what it is, where, by which planner."""
+    return re.sub(r"[^A-Za-z0-9._:+@-]", "_", f"{collective}-{topology}-{planner}")[:255]
+
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
           where: dict | None = None) -> Program:
     """where: if given (and options.instances is 1), filled with schedule transfer index ->
@@ -605,8 +610,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         for m in moves:
             where[m.pos] = ((m.src, *codes[m.src].send_at[m.pos]), (m.dst, *codes[m.dst].recv_at[m.pos]))
     check_limits(gpus, lim, demand.ngpus, f" (with {split} channel groups)" if split > 1 else "")
-    name = options.name or re.sub(r"[^A-Za-z0-9._:+@-]", "_",
-                                  f"{demand.collective}-{topology.name}-{schedule.planner}")[:255]
+    name = options.name or program_name(demand.collective, topology.name, schedule.planner)
     if inplace_ok:
         notes.append("lowering: every input chunk is read before anything overwrites it: usable in place")
     if demand.collective not in limits_for(lim.runtime, declared=lim.targets).colls:
