@@ -36,8 +36,15 @@ def test_run_compares_with_torch_and_catches_a_broken_file(tmp_path):
     ok = run_cli("run", "ar.xml", "--nprocs", "4", "--size", "64KB", "--json", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     result = json.loads(ok.stdout)
-    assert result["correct"] is True and result["wrong"] == 0 and result["time_s"] > 0
+    assert result["correct"] is True and result["wrong"] == 0 and result["time_s"] > 0 and result["verified"]
+    assert ok.stderr == ""
     text = (tmp_path / "ar.xml").read_text()
+    # correct data, but a file the old runtime never selects: run said "correct" and nothing else
+    (tmp_path / "never.xml").write_text(re.sub(r'maxBytes="\d+"', 'maxBytes="0"', text))
+    never = run_cli("run", "never.xml", "--nprocs", "4", "--size", "64KB", cwd=tmp_path)
+    assert never.returncode == 0 and ": correct;" in never.stdout, never.stderr
+    assert "warning: never.xml: correct as run, but verify finds 1 problem" in never.stderr
+    assert "[old-runtime]" in never.stderr and never.stderr.count("\n") == 1
     # point the first plain receive at the neighbouring output chunk: data lands in the wrong place
     m = re.search(r'type="(r|rrc)" srcbuf="\w" srcoff="-?\d+" dstbuf="o" dstoff="(\d+)"', text)
     off = int(m.group(2))

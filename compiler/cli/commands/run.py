@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from compiler.cli.common import emit_json, positive_int, seconds, size_arg
+import sys
+
+from compiler.cli.common import PROG, emit_json, positive_int, seconds, size_arg
 from compiler.specs.errors import CompileError
 
 HELP = "run an XML on N local processes (gloo) and compare with torch's own collective (custom: its demand)"
@@ -37,8 +39,25 @@ def run(args) -> int:
     from backends.torch_dist import parse_dtype, run_local
     result = run_local(args.file, args.nprocs, args.size, parse_dtype(args.dtype), seed=args.seed,
                        inplace=args.inplace, timeout=args.timeout, op=args.op, iters=args.iters)
+    problems = verify_problems(args.file) if result.correct else None
+    if problems:
+        print(f"{PROG}: warning: {problems}", file=sys.stderr)
     if args.json:
-        emit_json(result.to_dict())
+        emit_json({**result.to_dict(), "verified": None if problems is None else not problems})
     else:
         print(result.summary())
     return 0 if result.correct else 1
+
+
+def verify_problems(path: str) -> str:
+    """What `verify` finds in a file whose run was correct ("" where nothing): a run executes one
+    order of the steps on gloo, so it cannot show the runtimes' rules, races or other orders' deadlocks."""
+    from backends.msccl_xml import read_xml
+    from compiler.program.verify import verify
+    verdict = verify(read_xml(path))
+    if verdict.ok:
+        return ""
+    n, first = len(verdict.findings), verdict.findings[0]
+    return (f"{path}: correct as run, but verify finds {n} problem{'s' if n > 1 else ''} for runtime "
+            f"{'/'.join(verdict.runtimes)} that one run on gloo cannot show (the first: [{first.rule}] "
+            f"{first.message}); see msccl-compile verify {path}")
