@@ -62,6 +62,13 @@ class AlgoHeader:
         return Path(self.path).name
 
 
+def check_nprocs(nprocs: int, ngpus: int, label: str) -> None:
+    """A program runs on as many processes as its ngpus (`run`'s check from the header, before torch
+    is imported, and the executor's on the program read)."""
+    if ngpus and nprocs != ngpus:
+        raise CompileError(f"--nprocs: {nprocs} processes, but {label} is for ngpus={ngpus}")
+
+
 def read_header(path: str | os.PathLike) -> AlgoHeader:
     """Reads only the `<algo ...>` start tag of an MSCCL XML file (the executor's first pass does
     the same). Raises CompileError if the file does not start with one."""

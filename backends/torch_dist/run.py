@@ -18,6 +18,7 @@ from compiler.specs.collectives import CUSTOM, SPECS, inplace_alias
 from compiler.specs.errors import CompileError
 
 from .executor import OPS, collective_elems, execute, op_name, prepare
+from .headers import check_nprocs
 from .launch import launch_local
 from .reference import (compared_ranks, custom_input, custom_wrong, distinct_values, dtype_name, make_input,
                         torch_collective)
@@ -200,8 +201,7 @@ def _job(k: int, src, nprocs: int, size_bytes: int, dtype: torch.dtype, seed: in
     if not custom and p.collective not in SPECS:
         raise CompileError(f"{p.name}: collective {p.collective!r} has no torch.distributed counterpart "
                            f"to compare with")
-    if nprocs != p.ngpus:
-        raise CompileError(f"--nprocs: {nprocs} processes, but {p.name} is for ngpus={p.ngpus}")
+    check_nprocs(nprocs, p.ngpus, p.name)
     itemsize = torch.empty((), dtype=dtype).element_size()
     E, in_elems = collective_elems(p, size_bytes, itemsize)
     per = p.demand.chunks_per_rank if custom else p.nchunksperloop  # program chunks in size_bytes

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 from compiler.cli.common import PROG, emit_json, positive_int, seconds, size_arg
-from compiler.specs.errors import CompileError
 
 HELP = "run an XML on N local processes (gloo) and compare with torch's own collective (custom: its demand)"
 
@@ -28,13 +27,10 @@ def configure(p) -> None:
 def run(args) -> int:
     import importlib.util
     from backends.torch_dist.errors import require_torch
-    from backends.torch_dist.headers import read_header
+    from backends.torch_dist.headers import check_nprocs, read_header
     if importlib.util.find_spec("torch") is None:
         require_torch("run")
-    # the file's ngpus against --nprocs before torch is imported (3 s here): the same check as run_local's
-    h = read_header(args.file)
-    if h.ngpus and h.ngpus != args.nprocs:
-        raise CompileError(f"--nprocs: {args.nprocs} processes, but {args.file} is for ngpus={h.ngpus}")
+    check_nprocs(args.nprocs, read_header(args.file).ngpus, args.file)  # before torch is imported (3 s here)
     require_torch("run")
     from backends.torch_dist import parse_dtype, run_local
     result = run_local(args.file, args.nprocs, args.size, parse_dtype(args.dtype), seed=args.seed,
