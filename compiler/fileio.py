@@ -6,6 +6,11 @@ its target; the staged files replace their targets together when the block ends 
 SIGINT and SIGTERM held back for those few renames. An exception (an error, Ctrl-C) removes what
 was staged, so a command that does not finish writes nothing. Outside `outputs()` a write is
 immediate (library callers).
+
+A target that is not a regular file (/dev/null, /dev/stdout, a FIFO; through a symlink too) is
+written into, not replaced: renaming over it would put a regular file in place of the device (as
+root, -o /dev/null did). A symlink to a regular file is replaced like a file (library --force
+removes its links before writing files of the same names).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -32,6 +38,23 @@ def _where(path: str | os.PathLike) -> tuple[Path, Path]:
     if target.is_dir():
         raise CompileError(f"{path}: is a directory, not a file")
     return target, directory
+
+
+def _special(target: Path) -> bool:
+    """An existing target that is not a regular file: a device, a FIFO, a socket (written into)."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _write_into(path: str | os.PathLike, target: Path, data: bytes) -> None:
+    try:
+        with open(target, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise CompileError(f"{path}: cannot write: {_reason(e)}") from None
 
 
 def _reason(e: OSError) -> str:
@@ -82,6 +105,10 @@ def check_writable(path: str | os.PathLike, field: str = "", shown: str | os.Pat
         target, directory = _where(path)
     except CompileError as e:
         raise CompileError(f"{where}{e}") from None
+    if _special(target):  # written into, not replaced: no file is created beside it
+        if not os.access(target, os.W_OK):
+            raise CompileError(f"{where}{path}: the file exists and is not writable")
+        return
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=directory)
     except OSError as e:
@@ -112,11 +139,26 @@ def distinct_outputs(outputs: list[tuple], inputs: list[tuple[str, str | os.Path
 
 def atomic_write(path: str | os.PathLike, text: str | bytes) -> None:
     data = text.encode("utf-8") if isinstance(text, str) else text
+    target, _ = _where(path)
+    removed = _staged and any(tmp is None and t == target for tmp, t in _staged[-1])  # library --force's links
+    if _special(target) and not removed:  # /dev/null, /dev/stdout: written into when the outputs are committed
+        if _staged:
+            _staged[-1].append((_Into(path, data), target))
+        else:
+            _write_into(path, target, data)
+        return
     staged = _stage(path, data)
     if _staged:
         _staged[-1].append(staged)
     else:
         _replace(*staged)
+
+
+class _Into:
+    """A write into a target that is not a regular file, waiting for the outputs' commit."""
+
+    def __init__(self, path: str | os.PathLike, data: bytes):
+        self.path, self.data = path, data
 
 
 def remove_later(path: str | os.PathLike) -> None:
@@ -141,7 +183,7 @@ def make_directory(path: str | os.PathLike) -> None:
 
 def _abort(staged) -> None:
     for tmp, target in staged:
-        if tmp is not None and target is not None:
+        if isinstance(tmp, str) and target is not None:
             _unlink(tmp)
     for tmp, target in staged:
         if target is None:
@@ -164,10 +206,17 @@ def outputs() -> Iterator[None]:
         raise
     finally:
         _staged.remove(mine)
+    try:  # writes into devices and FIFOs first, interruptible (a FIFO's reader may never come)
+        for tmp, target in mine:
+            if isinstance(tmp, _Into):
+                _write_into(tmp.path, target, tmp.data)
+    except BaseException:
+        _abort(mine)
+        raise
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         for i, (tmp, target) in enumerate(mine):
-            if target is None:
+            if target is None or isinstance(tmp, _Into):
                 continue
             try:
                 if tmp is None:

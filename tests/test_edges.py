@@ -125,6 +125,27 @@ def test_unwritable_output_is_refused_before_planning(tmp_path, path, needle):
     one_error_line(proc, needle)
 
 
+def test_output_onto_a_fifo_or_device_is_written_into_not_replaced(tmp_path):
+    """-o /dev/null (or a FIFO, tested here: as root, the old rename put a regular file in place of
+    /dev/null) is written into; the node stays what it was."""
+    import stat
+    import threading
+    fifo = tmp_path / "pipe.xml"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    proc = run_cli("allgather", "--hw", "dgx-a100", "--size", "1MB", "--method", "direct", "-o", fifo, timeout=120)
+    if reader.is_alive():  # never opened (the bug): let the reader go
+        with open(fifo, "wb"):
+            pass
+    reader.join(5)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert got and got[0].startswith(b"<algo ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.xml"]
+
+
 def test_sizes_below_one_element_per_chunk_are_refused_and_others_rounded(tmp_path):
     one_error_line(run_cli("allgather", "--hw", "dgx-a100", "--size", "3B", cwd=tmp_path),
                    "--size: 3B is below the minimum of 32B for allgather on 8 GPUs")
