@@ -146,6 +146,27 @@ def test_output_onto_a_fifo_or_device_is_written_into_not_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.xml"]
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["lower", "--hw", "dgx-a100", "-o", "x.xml", "dir"], "dir: is a directory, not a schedule file"),
+    (["lower", "--hw", "dgx-a100", "-o", "x.xml", "deep.json"], "deep.json: not a valid schedule: JSONDecodeError: "
+                                                                 "arrays or objects nested more than 500 deep"),
+    (["custom", "--hw", "dgx-a100", "--demand", "dir", "-o", "x.xml"], "dir: is a directory, not a demand file"),
+    (["custom", "--hw", "dgx-a100", "--demand", "bytes.json", "-o", "x.xml"], "bytes.json: not valid JSON: 'utf-8'"),
+    (["custom", "--hw", "dgx-a100", "--demand", "deep.json", "-o", "x.xml"], "deep.json: not valid JSON: line 1 "
+                                                                            "column 501: arrays or objects nested"),
+    (["allgather", "--hw", "deep.json", "-o", "x.xml"], "deep.json: not valid JSON: line 1 column 501"),
+    (["jobs", "--hw", "dgx-a100", "-o", "out", "deep.json"], "deep.json: not valid JSON: line 1 column 501"),
+], ids=["lower-dir", "lower-deep", "demand-dir", "demand-bytes", "demand-deep", "hw-deep", "jobs-deep"])
+def test_unreadable_json_inputs_are_one_line(tmp_path, args, needle):
+    """A directory, bytes that are not UTF-8, or arrays nested past json's recursion were internal errors
+    (IsADirectoryError, UnicodeDecodeError, RecursionError) in some readers."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "bytes.json").write_bytes(b"\xc0\xff{}")
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    one_error_line(run_cli(*args, cwd=tmp_path, timeout=120), needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bytes.json", "deep.json", "dir"]
+
+
 def test_sizes_below_one_element_per_chunk_are_refused_and_others_rounded(tmp_path):
     one_error_line(run_cli("allgather", "--hw", "dgx-a100", "--size", "3B", cwd=tmp_path),
                    "--size: 3B is below the minimum of 32B for allgather on 8 GPUs")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from compiler.model.topology import Topology
 from compiler.specs.collectives import canonical, spec
 from compiler.specs.errors import CompileError
-from compiler.specs.jsonkeys import DuplicateKey, unique_keys
+from compiler.specs.jsonkeys import DuplicateKey, loads, unique_keys
 from compiler.specs.units import parse_size
 
 FIELDS = ("name", "collective", "ranks", "size", "weight", "start_us", "root")
@@ -50,7 +50,7 @@ def load_jobs(path: str, topo: Topology) -> tuple[JobSpec, ...]:
     from compiler.fileio import read_input
     raw = read_input(path, "jobs file", JobsError)
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
+        doc = loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
     except DuplicateKey as e:
         raise JobsError(f"{path}: {e}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

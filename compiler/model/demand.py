@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compiler.specs.collectives import CUSTOM, spec
 from compiler.specs.errors import DemandError
-from compiler.specs.jsonkeys import DuplicateKey, unique_keys
+from compiler.specs.jsonkeys import DuplicateKey, loads, unique_keys
 
 if TYPE_CHECKING:  # numpy is imported where masks() runs
     import numpy as np
@@ -158,14 +157,16 @@ def load_custom_demand(path: str, ngpus: int, chunk_bytes: int, chunks: int = 1)
     """A demand from JSON: {"chunks": [{"from": 0, "to": [1, 2]}, ...], "reduce": false}.
     `from` may be a list (several holders, or contributors when reduce is true); buffer indices
     default to the order of appearance at each rank. --size is the size of one chunk."""
+    from compiler.fileio import read_input
+    raw = read_input(path, "demand file", DemandError)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
-    except FileNotFoundError:
-        raise DemandError(f"{path}: no such demand file") from None
+        doc = loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
     except DuplicateKey as e:
         raise DemandError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise DemandError(f"{path}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise DemandError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("chunks"), list) or not doc["chunks"]:
         raise DemandError(f"{path}: chunks: must be a non-empty list of {{\"from\": rank, \"to\": [ranks]}}")
     unknown = set(doc) - {"chunks", "reduce", "ngpus", "name"}

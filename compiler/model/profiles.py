@@ -21,7 +21,7 @@ from compiler.model import memory
 from compiler.model.costs import DEFAULT_GPU_LINK, runtime_costs
 from compiler.specs.errors import ProfileError
 from compiler.specs.jsoncheck import field_name, first_error, schema_violation
-from compiler.specs.jsonkeys import DuplicateKey, unique_keys
+from compiler.specs.jsonkeys import DuplicateKey, loads, unique_keys
 from compiler.model.topology import Link, Nic, Switch, Topology
 
 GB = 1e9
@@ -175,7 +175,7 @@ def load_profile_doc(spec: str) -> tuple[dict, str]:
         if not path.is_file():
             raise ProfileError(f"{spec}: no such profile file")
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
+            doc = loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise ProfileError(f"{spec}: not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
         except DuplicateKey as e:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from compiler.model.demand import Demand
 from compiler.specs.errors import CompileError
@@ -110,9 +109,11 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str) -> "Schedule":
+        from compiler.fileio import read_input
         from compiler.specs.jsoncheck import schema_violation
+        from compiler.specs.jsonkeys import loads
         try:
-            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            d = loads(read_input(path, "schedule file").decode("utf-8"))
             if not isinstance(d, dict) or d.get("format") != "msccl-compile/schedule-v1":
                 got = d.get("format") if isinstance(d, dict) else None
                 raise CompileError(f"{path}: format: {got!r} is not msccl-compile/schedule-v1")

@@ -68,11 +68,12 @@ def measurements(results: list[str], files: dict[str, Path], topo) -> tuple[list
     from compiler.analysis.calibrate import Measurement
     from compiler.fileio import read_input
     from compiler.program.timing import call_bytes
+    from compiler.specs.jsonkeys import loads
     from compiler.specs.collectives import COLLECTIVES
     programs, out, notes = {}, [], []
     for path in results:
         try:
-            doc = json.loads(read_input(path, "bench result"))
+            doc = loads(read_input(path, "bench result"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CompileError(f"{path}: not a bench result (not JSON: {e})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
