@@ -167,6 +167,24 @@ def test_unreadable_json_inputs_are_one_line(tmp_path, args, needle):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bytes.json", "deep.json", "dir"]
 
 
+@pytest.mark.parametrize("flag", ["--baseline", "--default-from"])
+@pytest.mark.parametrize("name,content,needle", [
+    ("dir", None, "dir: is a directory, not a bench result"),
+    ("deep.json", "[" * 100_000, "deep.json: not a bench result (not JSON: arrays or objects nested more than 500"),
+    ("list.json", "[]", "list.json: format: None is not 'msccl-compile/bench-v1'"),
+])
+def test_bench_refuses_a_bad_baseline_before_measuring(tmp_path, flag, name, content, needle):
+    """A bad --baseline was read after the sweep: an internal error, and the sweep's results unwritten."""
+    if content is None:
+        (tmp_path / name).mkdir()
+    else:
+        (tmp_path / name).write_text(content)
+    proc = run_cli("bench", "allgather", "--device", "cpu", "--nprocs", "2", "--sizes", "1KB", flag, name,
+                   cwd=tmp_path, timeout=120)
+    one_error_line(proc, f"{flag}: {needle}")
+    assert "wrote" not in proc.stdout
+
+
 def test_sizes_below_one_element_per_chunk_are_refused_and_others_rounded(tmp_path):
     one_error_line(run_cli("allgather", "--hw", "dgx-a100", "--size", "3B", cwd=tmp_path),
                    "--size: 3B is below the minimum of 32B for allgather on 8 GPUs")

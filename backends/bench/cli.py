@@ -72,10 +72,10 @@ def _measure(args, sizes: list[int], sides: tuple[str, ...]) -> tuple[int, Bench
     return rank, result
 
 
-def _regressions(args, result: BenchResult) -> int:
+def _regressions(args, result: BenchResult, baseline: BenchResult) -> int:
     """Exit status of the --baseline comparison (1: a regression beyond the tolerance)."""
     csides = SIDES if args.compare_side == "both" else (args.compare_side,)
-    regressions = compare(result, BenchResult.load(args.baseline), args.tolerance, csides)
+    regressions = compare(result, baseline, args.tolerance, csides)
     for line in regressions:
         print(f"# REGRESSION: {line}", file=sys.stderr)
     if not regressions:
@@ -86,6 +86,15 @@ def _regressions(args, result: BenchResult) -> int:
                                int(x.split()[0])))
     print(f"# regression beyond {args.tolerance * 100:.0f} % at sizes {sizes_s}", file=sys.stderr)
     return 1
+
+
+def _load(flag: str, path: str | None) -> BenchResult | None:
+    if not path:
+        return None
+    try:
+        return BenchResult.load(path)
+    except CompileError as e:
+        raise CompileError(f"{flag}: {e}") from None
 
 
 def _check_prefix(prefix: str, collective: str) -> None:
@@ -115,12 +124,15 @@ def run(args) -> int:
         raise CompileError(f"--tolerance: {args.tolerance} must be in [0, 1)")
     if args.output:
         _check_prefix(args.output, args.collective)
+    # read before measuring: a bad file failed after the sweep, as an internal error, its results unwritten
+    baseline, default_from = (_load(flag, path) for flag, path in (("--baseline", args.baseline),
+                                                                   ("--default-from", args.default_from)))
     require_torch("bench")
     rank, result = _measure(args, sizes, sides)
     if rank != 0:
         return 0
-    if args.default_from:
-        earlier = {r.size_bytes: r for r in BenchResult.load(args.default_from).rows}
+    if default_from is not None:
+        earlier = {r.size_bytes: r for r in default_from.rows}
         result = replace(result, rows=tuple(replace(r, default=earlier[r.size_bytes].default)
                                             if r.size_bytes in earlier and r.default is None else r
                                             for r in result.rows))
@@ -140,7 +152,7 @@ def run(args) -> int:
     if result.wrong:
         print(f"# FAILED: {result.wrong} wrong elements", file=sys.stderr)
         status = 1
-    if args.baseline and _regressions(args, result):
+    if baseline is not None and _regressions(args, result, baseline):
         status = 1
     if args.check_runtime and any(n_ == "check-runtime: FAILED" for n_ in result.notes):
         status = 1

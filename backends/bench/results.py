@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from compiler.specs.errors import CompileError
 
@@ -78,11 +77,21 @@ class BenchResult:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "BenchResult":
+        """One line naming `path` for whatever is wrong with it (a directory, bytes that are not UTF-8,
+        JSON too deep or of the wrong shape were internal errors, after the sweep)."""
+        from compiler.fileio import read_input
+        from compiler.specs.jsonkeys import loads
+        raw = read_input(path, "bench result")
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise CompileError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            d = loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CompileError(f"{path}: not a bench result (not JSON: {e})") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            found = d.get("format") if isinstance(d, dict) else None
+            raise CompileError(f"{path}: format: {found!r} is not {FORMAT!r} (a bench result's JSON)")
+        try:
+            return cls.from_dict(d)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise CompileError(f"{path}: not a bench result: {type(e).__name__}: {e}") from None
 
     # ---- presentation (report.py) ----
