@@ -47,6 +47,8 @@ def test_joint_beats_naive_by_the_program_timer(weighted, topo):
     assert {"nic0@0-netswitch", "nic1@1-netswitch"} <= {s["link"] for s in out["shared_links"]}
     manifest = json.loads((tmp / "out" / "manifest" / "jobs.json").read_text())
     assert manifest["weighted_sum_s"] == pytest.approx(out["weighted_sum_s"])
+    # the manifest names its files within the directory (it recorded out/a.xml: the command line's cwd)
+    assert [j["xml"] for j in manifest["jobs"]] == ["a.xml", "b.xml"] == [j["xml"][len("out/"):] for j in out["jobs"]]
     # the written XML files, read back and run together, give the reported times
     shared = topo("dgx2", 2)
     placed = []

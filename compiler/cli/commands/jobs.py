@@ -106,10 +106,12 @@ def write(result, directory: str, runtime: str) -> dict:
             save_xml(f.program, f.path, f.spelling)
         files[j.spec.name] = [f.path for f in xmls]
         runtimes[j.spec.name] = list(judged)
-    out = manifest(result, files, runtimes)
+    # the manifest names its files within DIR, as the library's does (it moves with the directory);
+    # the summary names them as the command line gave DIR
+    inside = {name: [os.path.relpath(f, directory) for f in paths] for name, paths in files.items()}
     path = os.path.join(directory, MANIFEST)
-    atomic_write(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
-    return {**out, "manifest": path}
+    atomic_write(path, json.dumps(manifest(result, inside, runtimes), indent=1, sort_keys=True) + "\n")
+    return {**manifest(result, files, runtimes), "manifest": path}
 
 
 def print_summary(result, out: dict) -> None:
