@@ -149,3 +149,22 @@ def _marked(mark: str, parent: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def test_a_silent_second_process_is_not_waited_for_past_the_judging_it_leaves(topo):
+    """The optimisers' process sent nothing by the planning deadline (at a short limit on a busy
+    machine its cvxpy import alone outlasts it): auto waits for it at most GRACE_SHARE of the time
+    left to judge_until, not GRACE_S whatever the limit, so that time still judges candidates
+    (relay, planned where no optimiser planned). MI250 reduce 256 KB at --time-limit 5 on two busy
+    cores: the 2 s wait ran past judge_until, nothing more was judged, and trees/2ch was written at
+    59 us where relay's program is 41 us."""
+    from compiler.planners.auto import Search
+    t = topo("dgx1")
+    now = time.perf_counter()
+    options = PlanOptions(time_limit=5, judge=lambda s, by=None: 0.0, judge_until=now + 1.0)
+    search = Search(t, options, now, (1,))
+    helper = Background.start(time.sleep, (60,))
+    search.add(helper)
+    assert time.perf_counter() - now < 1.0  # was GRACE_S, 2 s: past judge_until
+    assert search.failed == ["the optimisers' process (no answer by the time limit)"]
+    assert helper.process.poll() is not None

@@ -226,6 +226,8 @@ OPTIMISERS = ("milp", "lp", "rounds")  # solved: planned in a second process whe
 # library of allgather and allreduce, 1 KB-1 GB, took 55 s, 33 s with one process (18 of 20 bands' programs the
 # same); at 3 (1.6 s left) it still paid (MI250 allgather 1 MB: rounds at 0.733 of the floor beside, trees at 0.655)
 BESIDE_MIN_S = 1.5
+GRACE_SHARE = 0.5  # of the time between the planning deadline and judge_until that auto waits, at most, for the
+# optimisers' process to answer (Search.grace)
 ONE_ITERATION_PARTS = 64  # the most sub-chunks per chunk direct is cut into so that a chunk fits one kernel iteration
 
 
@@ -626,7 +628,7 @@ class Search:
     def add(self, helper: Background) -> None:
         """The second process's candidates and failures; it is stopped if it has not answered by the
         deadline (the optimisers it did not plan are then planned here, in whatever time is left)."""
-        answer = helper.result(self.deadline)
+        answer = helper.result(self.deadline, self.grace())
         if answer is None:
             self.failed.append("the optimisers' process (no answer by the time limit)")
             return
@@ -634,6 +636,16 @@ class Search:
         self.results += results
         self.failed += failed
         self.planned |= planned
+
+    def grace(self) -> float:
+        """How long past the deadline the optimisers' answer is waited for: GRACE_S, but where a judge
+        is given, at most GRACE_SHARE of the time from the deadline to judge_until (the judging of
+        what it sends, and of relay where it sends nothing, takes that time; an answer after
+        judge_until is never judged, so never written)."""
+        from compiler.planners.background import GRACE_S
+        if self.options.judge is None:
+            return GRACE_S
+        return min(GRACE_S, GRACE_SHARE * max(0.0, self.judge_until - self.deadline))
 
     def why(self, demand: Demand) -> list[str]:
         """The notes that explain the choice: the ranking, what was left out, what failed."""

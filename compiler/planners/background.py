@@ -80,12 +80,12 @@ class Background:
         threading.Thread(target=_send, args=(process.stdin, work), daemon=True).start()
         return cls(process)
 
-    def result(self, deadline: float) -> Any:
-        """What target returned; None where it had not sent it all by deadline + GRACE_S, nor by now
-        (or died). Its exception, raised here, where it raised one. The process is stopped either way."""
+    def result(self, deadline: float, grace: float = GRACE_S) -> Any:
+        """What target returned; None where it had not sent it all by deadline + grace (GRACE_S), nor
+        by now (or died). Its exception, raised here, where it raised one. The process is stopped either way."""
         try:
             if self.reader is not None:
-                self.reader.join(timeout=max(0.0, deadline + GRACE_S - time.perf_counter()))
+                self.reader.join(timeout=max(0.0, deadline + grace - time.perf_counter()))
             if not self.answer:
                 return None
             ok, value = pickle.loads(self.answer[0])
