@@ -111,9 +111,9 @@ def multicast_loads(topo: Topology, volume: dict[int, float], dests: dict[int, s
     c[0] = 1.0
     limit = {} if time_limit is None else {"time_limit": max(0.1, time_limit)}
     res = linprog(c, A_ub=a_ub, b_ub=ub, A_eq=a_eq, b_eq=eq, bounds=(0, None), method="highs", options=limit)
-    if res.status == 1 and time_limit is not None:
+    if res.status == 1 and time_limit is not None:  # the limit it had (past the deadline, time_limit is negative)
         raise CompileError(f"trees: the multicast flow LP ({P} source-destination flows over {E} links) did not "
-                           f"finish within its {time_limit:.3g} s; raise time_limit")
+                           f"finish within its {limit['time_limit']:.3g} s; raise time_limit")
     if res.status != 0:
         raise CompileError(f"trees: the multicast flow LP found no solution ({res.message})")
     x = res.x
