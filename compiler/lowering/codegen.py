@@ -15,7 +15,8 @@ rrs step), then `_RankGen` emits the steps in key order (a fused op at its recei
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Callable
 
@@ -91,11 +92,27 @@ class DraftStep:
             step = made.get(key)
             if step is not None:
                 return step
-        step = Step(self.type, self.src[0], self.src[1], self.dst[0], self.dst[1], self.cnt, self.depid, self.deps,
-                    self.hasdep)
+        step = _new_step(self.type, self.src[0], self.src[1], self.dst[0], self.dst[1], self.cnt, self.depid,
+                         self.deps, self.hasdep)
         if made is not None:
             made[key] = step
         return step
+
+
+_set = object.__setattr__
+
+
+def _new_step(type: str, srcbuf: str, srcoff: int, dstbuf: str, dstoff: int, cnt: int, depid: int, deps: int,
+              hasdep: bool) -> Step:
+    """Step(...) with every field given, made without the frozen dataclass's __init__ (an
+    object.__setattr__ per field, a third of to_step)."""
+    step = object.__new__(Step)
+    _set(step, "__dict__", {"type": type, "srcbuf": srcbuf, "srcoff": srcoff, "dstbuf": dstbuf, "dstoff": dstoff,
+                            "cnt": cnt, "depid": depid, "deps": deps, "hasdep": hasdep})
+    return step
+
+
+assert _new_step.__code__.co_varnames[:len(fields(Step))] == tuple(f.name for f in fields(Step))
 
 
 @dataclass(slots=True)
@@ -165,8 +182,8 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         ring = (rank, demand.ngpus) if ring_ids else None
         tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring, cap)
         gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow, pace_fast)
-        for unit in fuse(ops, len(tbs)):
-            gen.emit(unit)
+        for op, fused in fuse(ops, len(tbs)):
+            gen.emit(op, fused)
         excess = 0 if max_nodes is None else 1 + demand.ngpus + len(tbs) + sum(len(tb.steps) for tb in tbs) - max_nodes
         if excess <= 0 or gen.em.pace_nops == 0:
             return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
@@ -203,8 +220,8 @@ def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Dem
     """The rank's ops in key order: the send of each outgoing move, the receive of each incoming
     one, and a copy (keyed first) of each chunk it both sources and keeps, unless a reduction lands
     there."""
-    ops = [Op(SEND, m.send_key, m, m.chunk) for m in moves_out]
-    ops += [Op(RECV, m.recv_key, m, m.chunk) for m in moves_in]
+    ops = [Op(SEND, (m.level, m.sub, 0, m.pos), m, m.chunk) for m in moves_out]  # Move.send_key, written out
+    ops += [Op(RECV, (m.level, m.sub, 1, m.pos), m, m.chunk) for m in moves_in]  # Move.recv_key
     received = {m.chunk for m in moves_in}
     src_idx, dst_idx = buffer_indices(demand)[rank]
     for c in src_idx:
@@ -392,16 +409,8 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     return sorted(tbs)
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """What one step does: an op, or a receive fused with the send of the value it wrote."""
-
-    op: Op
-    fused: Op | None = None  # the send a receive is fused with
-
-
-def fuse(ops: list[Op], ntb: int, fanned_apart: bool = True) -> list[Unit]:
-    """Units in key order: a receive followed directly in its thread block by a send of the value
+def fuse(ops: list[Op], ntb: int, fanned_apart: bool = True) -> list[tuple[Op, Op | None]]:
+    """Units (op, the send it is fused with or None; plain tuples, one per step) in key order: a receive followed directly in its thread block by a send of the value
     it wrote is one unit (one step, at the receive's key), unless a send in another thread block
     reads that value too: a fused step is done when its send is (hold and step latency), and the
     other blocks' sends, which wait for the step, would wait for that instead of the receive alone
@@ -412,20 +421,23 @@ def fuse(ops: list[Op], ntb: int, fanned_apart: bool = True) -> list[Unit]:
         per_tb[op.tb].append(op)
         if fanned_apart and op.kind is SEND and op.prev_write is not None and op.prev_write.tb != op.tb:
             fanned.add(id(op.prev_write))
-    units: list[Unit] = []
+    units: list[tuple[tuple[int, int, int, int], Op, Op | None]] = []  # keyed for the sort
     for lst in per_tb:
-        i = 0
-        while i < len(lst):
+        i, n = 0, len(lst)
+        while i < n:
             op = lst[i]
-            nxt = lst[i + 1] if i + 1 < len(lst) else None
+            nxt = lst[i + 1] if i + 1 < n else None
             if op.kind is RECV and nxt is not None and nxt.kind is SEND and nxt.prev_write is op and id(op) not in fanned:
-                units.append(Unit(op, nxt))
+                units.append((op.key, op, nxt))
                 i += 2
             else:
-                units.append(Unit(op))
+                units.append((op.key, op, None))
                 i += 1
-    units.sort(key=lambda u: u.op.key)
-    return units
+    units.sort(key=_first)  # keys differ: no two ops of a rank have one
+    return [(op, fused) for _, op, fused in units]
+
+
+_first = operator.itemgetter(0)
 
 
 class _RankGen:
@@ -500,14 +512,14 @@ class _RankGen:
         if send.move.head:
             self.sends.setdefault(send.move.lane[0], []).append(at)
 
-    def emit(self, unit: Unit) -> None:
-        op = unit.op
+    def emit(self, op: Op, fused: Op | None) -> None:
+        """Emit one unit: an op, or a receive fused with the send of its value."""
         if op.kind is COPY:
             self.copy(op)
         elif op.kind is SEND:
             self.send(op)
         else:
-            self.receive(op, unit.fused)
+            self.receive(op, fused)
 
     def copy(self, op: Op) -> None:
         c = op.chunk
@@ -552,14 +564,28 @@ class _RankGen:
             self.sent(fused, (t, idx))
 
 
+class _AliasMemo(dict):
+    """slot -> the slot an alias map names it by, computed once per slot (a rank names few slots, and
+    emit maps every slot it touches)."""
+
+    def __init__(self, alias: Callable[[Slot], Slot]):
+        super().__init__()
+        self.alias = alias
+
+    def __missing__(self, slot: Slot) -> Slot:
+        named = self[slot] = self.alias(slot)
+        return named
+
+
 class _Emitter:
     """Appends steps to thread blocks and derives their dependencies: a step waits on the last writer
     of every slot it reads and, for a slot it writes, on that slot's last writer and readers in other
     thread blocks (RAW, WAW, WAR). Waits already implied by earlier waits (vector clocks) are
     dropped; the rest become nops before the step, the step carrying the last one. A clock is a
     numpy array, never changed once a step's snapshot refers to it (a join makes a new one), and
-    its own entry is not kept in it (a snapshot carries its step index): with a hundred thread
-    blocks and thousands of steps per rank (512 GPUs), a list copied per step was most of lowering."""
+    its own entry is not kept in it (a snapshot is the clock of step k of its block, which knows
+    its own k): with a hundred thread blocks and thousands of steps per rank (512 GPUs), a list
+    copied per step was most of lowering."""
 
     def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot], pace_budget: int | None = None):
         self.tbs = tbs
@@ -567,8 +593,9 @@ class _Emitter:
         self.pace_nops = 0  # nops spent on pacing waits
         ntb = len(tbs)
         self.known = [np.full(ntb, -1) for _ in range(ntb)]  # known[t][d]: last step of tb d that tb t waited for
-        self.snap: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # (tb, step) -> (its clock, the step)
+        self.snap: list[dict[int, np.ndarray]] = [{} for _ in range(ntb)]  # snap[tb][step]: the clock it ran with
         self.alias = alias
+        self.named = None if alias is same else _AliasMemo(alias)
         self.writer: dict[Slot, tuple[int, int]] = {}
         self.readers: dict[Slot, list[tuple[int, int]]] = {}
         self.clobbered: set[Slot] = set()
@@ -580,62 +607,86 @@ class _Emitter:
         """Append a step (after the nops its dependencies need); returns its index. A write that
         does not clobber (an in-place self-copy) still orders other accesses to the slot. `after`:
         more steps to wait for (send pacing and gates: _RankGen.paced)."""
-        need: dict[int, int] = {}  # thread block -> the latest of its steps this one must wait for
-        if self.alias is same or not (reads or writes):
+        named = self.named
+        if named is None:
             reads_n, writes_n = reads, writes
         else:
-            reads_n = [self.alias(s) for s in reads]
-            writes_n = [self.alias(s) for s in writes]
+            reads_n = tuple(map(named.__getitem__, reads))
+            writes_n = tuple(map(named.__getitem__, writes))
+        deps = self._waits(tb, reads_n, writes_n, after)
+        steps = self.tbs[tb].steps
+        for d, k in deps[:-1]:
+            self.seq += 1
+            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k, False, self.seq))
+        depid, depstep = deps[-1] if deps else (-1, -1)
+        if deps:
+            self.known[tb] = known = self._join(self.known[tb], deps)
+        else:
+            known = self.known[tb]
+        idx = len(steps)
+        self.seq += 1
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, self.seq))
+        self.snap[tb][idx] = known
+        readers = self.readers
+        for s, orig in zip(reads_n, reads):
+            if orig[0] == "i" and s in self.clobbered:
+                self.inplace_ok = False
+            if s in readers:
+                readers[s].append((tb, idx))
+            else:
+                readers[s] = [(tb, idx)]
+        for s in writes_n:
+            self.writer[s] = (tb, idx)
+            readers[s] = []
+            if clobbers:
+                self.clobbered.add(s)
+        return idx
+
+    def _waits(self, tb: int, reads: tuple[Slot, ...], writes: tuple[Slot, ...],
+               after: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+        """The (tb, step) waits of a step of `tb` that reads and writes these (alias-named) slots,
+        sorted, less those its clock already implies; `after` joins them unless that costs a nop
+        beyond the budget."""
+        need: dict[int, int] = {}  # thread block -> the latest of its steps this one must wait for
         writer, readers = self.writer, self.readers
         # want(target) written out in the loops below (a closure made per step, and its calls, were 4 % of
         # lowering): wait for `target` where it is another thread block's step later than any of its steps
         # waited for so far
-        for s in reads_n:
+        for s in reads:
             w = writer.get(s)
             if w is not None and w[0] != tb and need.get(w[0], -1) < w[1]:
                 need[w[0]] = w[1]
-        for s in writes_n:
+        for s in writes:
             w = writer.get(s)
             if w is not None and w[0] != tb and need.get(w[0], -1) < w[1]:
                 need[w[0]] = w[1]
             for r in readers.get(s, ()):
                 if r[0] != tb and need.get(r[0], -1) < r[1]:
                     need[r[0]] = r[1]
-        known = self.known[tb]
-        deps = sorted([(d, k) for d, k in need.items() if known[d] < k]) if need else []
+        if not need and not after:
+            return []
+        knows = self.known[tb].item
+        deps = sorted([(d, k) for d, k in need.items() if knows(d) < k]) if need else []
         if after:
             for target in after:
                 if target[0] != tb and need.get(target[0], -1) < target[1]:
                     need[target[0]] = target[1]
-            paced = sorted([(d, k) for d, k in need.items() if known[d] < k])
+            paced = sorted([(d, k) for d, k in need.items() if knows(d) < k])
             if len(paced) > max(1, len(deps)):  # the pacing wait costs a nop
                 if self.pace_budget is None or self.pace_nops < self.pace_budget:
                     self.pace_nops += 1
                     deps = paced
             else:
                 deps = paced
-        steps = self.tbs[tb].steps
-        for d, k in deps[:-1]:
-            self.seq += 1
-            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k, seq=self.seq))
-        depid, depstep = deps[-1] if deps else (-1, -1)
+        return deps
+
+    def _join(self, known: np.ndarray, deps: list[tuple[int, int]]) -> np.ndarray:
+        """The clock of a step that waits for `deps` after `known` (a new array); marks the steps
+        waited for."""
+        tbs, snap = self.tbs, self.snap
         for d, k in deps:
-            self.tbs[d].steps[k].hasdep = True
-            clock, step = self.snap[(d, k)]
-            known = np.maximum(known, clock)
-            known[d] = max(known[d], step)
-        self.known[tb] = known
-        idx = len(steps)
-        self.seq += 1
-        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, self.seq))
-        self.snap[(tb, idx)] = (known, idx)
-        for s, orig in zip(reads_n, reads):
-            if orig[0] == "i" and s in self.clobbered:
-                self.inplace_ok = False
-            readers.setdefault(s, []).append((tb, idx))
-        for s in writes_n:
-            writer[s] = (tb, idx)
-            readers[s] = []
-            if clobbers:
-                self.clobbered.add(s)
-        return idx
+            tbs[d].steps[k].hasdep = True
+            known = np.maximum(known, snap[d][k])
+            if known.item(d) < k:
+                known[d] = k
+        return known

@@ -495,6 +495,10 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         return place_moves(schedule, levels, lanes, splits(split), options.instances,
                            SLOTS[options.proto], topology, widths, rank, options.rotate_slow, split)
 
+    # every rank's moves at a split, spread over channel copies: the same each time the loop below comes back to a
+    # split (with slow receives paired, or capped), and Moves are frozen, so placed once per split
+    spread = functools.cache(lambda split: spread_peers(place(split), lim.max_per_channel))
+
     split = first = min(most, max(options.groups, first_split(schedule, lanes, lim.max_steps)))
     split = probe_split(split, most, place, busiest_rank(schedule), demand, can_alias, options.inplace is None, pace,
                         lim, options)
@@ -521,7 +525,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         tries -= 1
         return tries >= 0
     while True:
-        moves, copies, base = spread_peers(place(split), lim.max_per_channel)
+        moves, copies, base = spread(split)
         if base * copies > MAX_CHANNELS:
             raise LoweringError(f"lowering: ranks need {copies} copies of {base} channels to keep at most "
                                 f"{lim.max_per_channel} thread blocks with a send (a recv) peer per channel; MSCCL "
