@@ -455,12 +455,12 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
     return split
 
 
-@without_gc
-
 def program_name(collective: str, topology: str, planner: str) -> str:
     """The `<algo name>` of a program lowered without a name given: what it is, where, by which planner."""
     return re.sub(r"[^A-Za-z0-9._:+@-]", "_", f"{collective}-{topology}-{planner}")[:255]
 
+
+@without_gc
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
           where: dict | None = None) -> Program:
     """where: if given (and options.instances is 1), filled with schedule transfer index ->
