@@ -564,6 +564,15 @@ class _RankGen:
             self.sent(fused, (t, idx))
 
 
+def _unknown(need: dict[int, int], knows: Callable[[int], int]) -> list[tuple[int, int]]:
+    """The waits (tb, step) of `need` that the clock (knows: tb -> the last step of it known) does
+    not imply, sorted (most steps wait for one block: no sort then)."""
+    if len(need) == 1:
+        for d, k in need.items():
+            return [(d, k)] if knows(d) < k else []
+    return sorted([(d, k) for d, k in need.items() if knows(d) < k])
+
+
 class _AliasMemo(dict):
     """slot -> the slot an alias map names it by, computed once per slot (a rank names few slots, and
     emit maps every slot it touches)."""
@@ -666,12 +675,14 @@ class _Emitter:
         if not need and not after:
             return []
         knows = self.known[tb].item
-        deps = sorted([(d, k) for d, k in need.items() if knows(d) < k]) if need else []
+        deps = _unknown(need, knows) if need else []
         if after:
+            more = False  # whether `after` adds a wait
             for target in after:
                 if target[0] != tb and need.get(target[0], -1) < target[1]:
                     need[target[0]] = target[1]
-            paced = sorted([(d, k) for d, k in need.items() if knows(d) < k])
+                    more = True
+            paced = _unknown(need, knows) if more else deps
             if len(paced) > max(1, len(deps)):  # the pacing wait costs a nop
                 if self.pace_budget is None or self.pace_nops < self.pace_budget:
                     self.pace_nops += 1
