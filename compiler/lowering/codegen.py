@@ -125,7 +125,17 @@ class DraftThreadBlock:
     steps: list[DraftStep] = field(default_factory=list)
 
     def to_thread_block(self, id: int, made: dict | None = None) -> ThreadBlock:
-        return ThreadBlock(id, self.send, self.recv, self.chan, tuple(s.to_step(made) for s in self.steps))
+        if made is None:
+            return ThreadBlock(id, self.send, self.recv, self.chan, tuple(s.to_step() for s in self.steps))
+        steps = []
+        for s in self.steps:  # DraftStep.to_step(made), written out: a call per step was a third of this
+            key = (s.type, s.src, s.dst, s.cnt, s.depid, s.deps, s.hasdep)
+            step = made.get(key)
+            if step is None:
+                step = made[key] = _new_step(s.type, s.src[0], s.src[1], s.dst[0], s.dst[1], s.cnt, s.depid, s.deps,
+                                             s.hasdep)
+            steps.append(step)
+        return ThreadBlock(id, self.send, self.recv, self.chan, tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -619,9 +629,9 @@ class _Emitter:
         named = self.named
         if named is None:
             reads_n, writes_n = reads, writes
-        else:
-            reads_n = tuple(map(named.__getitem__, reads))
-            writes_n = tuple(map(named.__getitem__, writes))
+        else:  # a step reads a slot at most and writes one at most: no map() for one
+            reads_n = (named[reads[0]],) if len(reads) == 1 else tuple(map(named.__getitem__, reads))
+            writes_n = (named[writes[0]],) if len(writes) == 1 else tuple(map(named.__getitem__, writes))
         deps = self._waits(tb, reads_n, writes_n, after)
         steps = self.tbs[tb].steps
         for d, k in deps[:-1]:
@@ -636,16 +646,16 @@ class _Emitter:
         self.seq += 1
         steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, self.seq))
         self.snap[tb][idx] = known
-        readers = self.readers
+        readers, at = self.readers, (tb, idx)
         for s, orig in zip(reads_n, reads):
             if orig[0] == "i" and s in self.clobbered:
                 self.inplace_ok = False
             if s in readers:
-                readers[s].append((tb, idx))
+                readers[s].append(at)
             else:
-                readers[s] = [(tb, idx)]
+                readers[s] = [at]
         for s in writes_n:
-            self.writer[s] = (tb, idx)
+            self.writer[s] = at
             readers[s] = []
             if clobbers:
                 self.clobbered.add(s)
