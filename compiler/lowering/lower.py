@@ -380,9 +380,11 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
                  instances: int = 1, pair_slow: bool = False, max_nodes: int | None = None,
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
                  pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
-                 pace_fast: bool = True, cap: int | None = None) -> tuple[list[RankCode], bool]:
+                 pace_fast: bool = True, cap: int | None = None,
+                 probed: dict | None = None) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
-    rank and False (the caller lowers again some other way: no use lowering the rest first)."""
+    rank and False (the caller lowers again some other way: no use lowering the rest first).
+    probed: Probed.take's argument (the code probe_split lowered for one rank, used where it is the same)."""
     outs: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     ins: list[list[Move]] = [[] for _ in range(demand.ngpus)]
     for m in moves:
@@ -390,9 +392,13 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
         ins[m.dst].append(m)
     codes = []
     for r in range(demand.ngpus):
-        codes.append(lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
-                                pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast,
-                                cap))
+        code = probed.pop((r, aliased), None) if probed and not pair_slow and cap is None else None
+        if code is None or (code[0], code[1]) != (outs[r], ins[r]):
+            code = lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
+                              pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast, cap)
+        else:
+            code = code[2]
+        codes.append(code)
         if stop is not None and stop(codes[-1]):
             return codes, False
     fill_remote_fields(codes, moves)
@@ -423,13 +429,16 @@ def kept_steps(code: RankCode, outs: list[Move], ins: list[Move], instances: int
 
 def probe_split(split: int, most: int, place: Callable[[int, int | None], list[Move]], rank: int,
                 demand: Demand, aliased: bool, open_alias: bool, pace: Callable[[int], int] | None,
-                lim: RuntimeLimits, options: LowerOptions) -> int:
+                lim: RuntimeLimits, options: LowerOptions, probed: dict | None = None) -> int:
     """The channel groups to lower every rank with first: from `split` up, the first count at which
     `rank` (the busiest), lowered alone, keeps its thread blocks within the step limit (a LoweringError
     first where that rank alone needs more XML nodes than the limit, however it is placed). Where that
     rank has the worst block this is the count `lower` would reach by lowering every rank at each
     count, for a GPUs-th of the work (at 512 GPUs two full passes of 30 s each found blocks too long);
-    where another rank is worse, `lower` goes on from here as before."""
+    where another rank is worse, `lower` goes on from here as before. probed: gets (rank, whether
+    aliased) -> (its sends, its receives, its code) of the last lowering, which _lower_ranks then
+    takes instead of lowering the rank again with the same moves (lower_rank's other arguments are the
+    same where it has no pair_slow and no cap)."""
     def own(split: int) -> tuple[list[Move], list[Move]]:  # the rank's sends and receives
         moves = place(split, rank)
         return [m for m in moves if m.src == rank], [m for m in moves if m.dst == rank]
@@ -442,14 +451,18 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
     while split < most:
         if split != first:
             outs, ins = own(split)
+        with_alias = aliased
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
                           options.ring_ids, options.pace_fast)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
+            with_alias = False
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
+            if probed is not None:
+                probed[(rank, with_alias)] = (outs, ins, code)
             break
         split = min(most, max(split + 1, math.ceil(split * worst / lim.max_steps)))
     return split
@@ -500,8 +513,9 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     spread = functools.cache(lambda split: spread_peers(place(split), lim.max_per_channel))
 
     split = first = min(most, max(options.groups, first_split(schedule, lanes, lim.max_steps)))
+    probed: dict = {}  # the busiest rank's code as the probe lowered it: _lower_ranks takes it where it is the same
     split = probe_split(split, most, place, busiest_rank(schedule), demand, can_alias, options.inplace is None, pace,
-                        lim, options)
+                        lim, options, probed)
     pair_slow = False  # slow receives share thread blocks with sends only where the blocks would not fit
     cap = None  # two peers share a thread block whatever its steps; where more channel groups then need more
     # blocks than the runtime allows, lowered again from the least split (before the probe, which pairs them all)
@@ -540,7 +554,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
-                                        options.ring_ids, options.pace_fast, cap)
+                                        options.ring_ids, options.pace_fast, cap, probed)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
