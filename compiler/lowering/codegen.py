@@ -224,6 +224,7 @@ def buffer_indices(demand: Demand) -> list[tuple[dict[int, int], dict[int, int]]
 
 
 _INDICES: dict[int, tuple[Demand, list]] = {}
+_key = operator.attrgetter("key")
 
 
 def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Demand) -> list[Op]:
@@ -237,7 +238,7 @@ def rank_ops(rank: int, moves_out: list[Move], moves_in: list[Move], demand: Dem
     for c in src_idx:
         if c in dst_idx and (not demand.reduce or c not in received):
             ops.append(Op(COPY, (-1, 0, 0, c), None, c))
-    ops.sort(key=lambda o: o.key)
+    ops.sort(key=_key)
     if any(m.swap for m in moves_out):
         received: set[int] = set()  # chunks of which a swap receive came already
         for o in ops:
@@ -467,6 +468,7 @@ class _RankGen:
         self.sends: dict[int, list[tuple[int, int]]] = {}  # outgoing link -> its runs' first send steps so far
         self.arrivals: list[tuple[int, int, tuple[int, int]]] = []  # heap of (arrive epoch, pos, step) of receives
         self.gate: tuple[int, int] | None = None  # the latest receive planned to arrive before the current send
+        self.window: dict[int, int] = {}  # outgoing link -> pace(link), asked once
 
     def landing(self, c: int) -> Slot:
         if c in self.dst_idx:
@@ -501,20 +503,24 @@ class _RankGen:
         on its link (pacing: only over a slow path unless pace_fast) and, with gate_slow on a slow
         path, the gate. Receives are emitted in key order and a send's level is at least its start,
         so the gate has a smaller key."""
-        if not send.move.head:
+        m = send.move
+        if not m.head:
             return ()
         out = []
-        if self.gate_slow and send.move.slow:
-            while self.arrivals and self.arrivals[0][0] <= send.move.level:
+        if self.gate_slow and m.slow:
+            while self.arrivals and self.arrivals[0][0] <= m.level:
                 self.gate = heapq.heappop(self.arrivals)[2]
             if self.gate is not None:
                 out.append(self.gate)
-        if self.pace is not None and (self.pace_fast or send.move.slow):
-            before = self.sends.get(send.move.lane[0], ())
-            w = self.pace(send.move.lane[0])
+        if self.pace is not None and (self.pace_fast or m.slow):
+            link = m.lane[0]
+            before = self.sends.get(link, ())
+            w = self.window.get(link)
+            if w is None:
+                w = self.window[link] = self.pace(link)
             if len(before) >= w:
                 out.append(before[-w])
-                self.fast_paced |= not send.move.slow
+                self.fast_paced |= not m.slow
         return tuple(out)
 
     def sent(self, send: Op, at: tuple[int, int]) -> None:
@@ -634,29 +640,33 @@ class _Emitter:
             writes_n = (named[writes[0]],) if len(writes) == 1 else tuple(map(named.__getitem__, writes))
         deps = self._waits(tb, reads_n, writes_n, after)
         steps = self.tbs[tb].steps
-        for d, k in deps[:-1]:
-            self.seq += 1
-            steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k, False, self.seq))
-        depid, depstep = deps[-1] if deps else (-1, -1)
+        seq = self.seq
         if deps:
+            for d, k in deps[:-1]:
+                seq += 1
+                steps.append(DraftStep("nop", UNUSED, UNUSED, 0, d, k, False, seq))
+            depid, depstep = deps[-1]
             self.known[tb] = known = self._join(self.known[tb], deps)
         else:
+            depid = depstep = -1
             known = self.known[tb]
         idx = len(steps)
-        self.seq += 1
-        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, self.seq))
+        self.seq = seq = seq + 1
+        steps.append(DraftStep(kind, src, dst, 1, depid, depstep, False, seq))
         self.snap[tb][idx] = known
-        readers, at = self.readers, (tb, idx)
-        for s, orig in zip(reads_n, reads):
-            if orig[0] == "i" and s in self.clobbered:
-                self.inplace_ok = False
-            if s in readers:
-                readers[s].append(at)
-            else:
-                readers[s] = [at]
+        at = (tb, idx)
+        if reads_n:
+            readers, clobbered = self.readers, self.clobbered
+            for s, orig in zip(reads_n, reads):
+                if orig[0] == "i" and s in clobbered:
+                    self.inplace_ok = False
+                if s in readers:
+                    readers[s].append(at)
+                else:
+                    readers[s] = [at]
         for s in writes_n:
             self.writer[s] = at
-            readers[s] = []
+            self.readers[s] = []
             if clobbers:
                 self.clobbered.add(s)
         return idx
