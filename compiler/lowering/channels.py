@@ -148,12 +148,16 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
     fastest = topology.fastest_bandwidth
     seen: dict[tuple[int, int, int, int], int] = {}
     turn: dict[tuple[int, int], int] = {}
-    slow_paths: dict[tuple[int, ...], bool] = {}  # a path's bandwidth is a walk over its links; paths repeat
+    # path -> (slower than the fastest link, its first link's id): a path's bandwidth is a walk over its links;
+    # paths repeat
+    path_info: dict[tuple[int, ...], tuple[bool, int]] = {}
     moves = []
     for n, (t, lvl, lane) in enumerate(zip(schedule.transfers, levels, lanes)):
-        slow = slow_paths.get(t.path)
-        if slow is None:
-            slow = slow_paths[t.path] = topology.path_bandwidth(t.path) < fastest
+        info = path_info.get(t.path)
+        if info is None:
+            info = path_info[t.path] = (topology.path_bandwidth(t.path) < fastest,
+                                        topology.link_id(t.path[0], t.path[1]))
+        slow, first = info
         group = splits.get(t.chunk, 0)
         if rotate > 1 and slow:
             j = turn.get((t.src, t.dst), 0)
@@ -162,7 +166,6 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
         if rank is not None and rank != t.src and rank != t.dst:
             continue  # `seen` and `turn` count per connection, so the rank's own moves come out the same
         chan0 = k * (lane + lanes_n * group)
-        first = topology.link_id(t.path[0], t.path[1])
         w = k if widths is None else widths[n]
         src, dst, chunk, reduce, arrive, own, swap = t.src, t.dst, t.chunk * k, t.reduce, t.arrive, t.own, t.swap
         for i in range(k):
@@ -170,8 +173,9 @@ def place_moves(schedule: Schedule, levels: list[int], lanes: list[int], splits:
             key = (src, dst, chan, lvl)
             j = seen.get(key, 0)
             seen[key] = j + 1
-            moves.append(new_move(n * k + i, chunk + i, src, dst, reduce, lvl, chan, j // per_group, (first, chan), slow,
-                                  arrive, i == 0 or chan != chan0 + (i - 1) * w // k, w, own, swap))
+            head = i == 0 or chan != chan0 + (i - 1) * w // k
+            moves.append(new_move(n * k + i, chunk + i, src, dst, reduce, lvl, chan, j // per_group, (first, chan),
+                                  slow, arrive, head, w, own, swap))
     return moves
 
 

@@ -421,11 +421,12 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
 
 
 def fuse(ops: list[Op], ntb: int, fanned_apart: bool = True) -> list[tuple[Op, Op | None]]:
-    """Units (op, the send it is fused with or None; plain tuples, one per step) in key order: a receive followed directly in its thread block by a send of the value
-    it wrote is one unit (one step, at the receive's key), unless a send in another thread block
-    reads that value too: a fused step is done when its send is (hold and step latency), and the
-    other blocks' sends, which wait for the step, would wait for that instead of the receive alone
-    (DGX A100 allreduce 4 MB, direct: the owner's sum went out 5.4 us late, 54.2 -> 41.6 us)."""
+    """Units (op, the send it is fused with or None: plain tuples, one per step) in key order: a
+    receive followed directly in its thread block by a send of the value it wrote is one unit (one
+    step, at the receive's key), unless a send in another thread block reads that value too: a
+    fused step is done when its send is (hold and step latency), and the other blocks' sends, which
+    wait for the step, would wait for that instead of the receive alone (DGX A100 allreduce 4 MB,
+    direct: the owner's sum went out 5.4 us late, 54.2 -> 41.6 us)."""
     per_tb: list[list[Op]] = [[] for _ in range(ntb)]
     fanned: set[int] = set()  # ids of receives whose value a send in another thread block reads
     for op in ops:
