@@ -101,6 +101,9 @@ def check_writable(path: str | os.PathLike, field: str = "", shown: str | os.Pat
     directory in its place, a file system that refuses new files (/proc, /sys, read-only). shown:
     the path the user gave, where `path` is a file inside it (an output directory's)."""
     where = f"{field}: " if field else ""
+    if os.fspath(shown if shown is not None else path) == "-":  # the convention for stdout elsewhere
+        raise CompileError(f"{where}'-' would write a file named '-': outputs are files (for the terminal, "
+                           "give /dev/stdout)")
     try:
         target, directory = _where(path)
     except CompileError as e:

@@ -263,3 +263,14 @@ def test_a_runtime_without_the_collective_is_refused_up_front(tmp_path):
     one_error_line(proc, "--runtime: old cannot run scatter: its coll attribute has no scatter; "
                          "use --runtime executor, rccl or all")
     assert time.perf_counter() - t0 < 30 and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["-o", "--schedule-out"])
+def test_dash_as_an_output_is_refused_not_a_file_named_dash(tmp_path, flag):
+    """'-' is standard output to most tools; it wrote a file named '-' without a word."""
+    args = ["-o", "x.xml"] if flag != "-o" else []
+    proc = run_cli("allgather", "--hw", "dgx-a100", "--size", "1MB", "--method", "direct", flag, "-", *args,
+                   cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{flag}: '-' would write a file named '-'" in proc.stderr and "/dev/stdout" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
