@@ -28,7 +28,8 @@ Reading (ours and other tools' files): lxml, no entities, no network. msccl-tool
 outofplace/minBytes/maxBytes: outofplace defaults to 1 - inplace, minBytes and maxBytes to 0.
 Unknown elements (TACCL's `<copy>`) and attributes (`redop`) are ignored, with a note for elements;
 `nthreads`, read by the old runtime only, is kept where that runtime would reject the file. The
-demand comment is read before `<algo>` or directly inside it, for coll=custom only (noted and ignored elsewhere: a standard collective's postcondition is the standard one).
+demand comment is read before `<algo>` or directly inside it, for coll=custom only (noted and
+ignored elsewhere: a standard collective's postcondition is the standard one).
 Integers are read as the runtimes read them (C strtol base 0: "0x10" is 16, "010" is 8); any
 spelling other than plain decimal is accepted with a warning in Program.notes. Everything else
 malformed raises XmlError, one line naming the file, element, attribute and value.

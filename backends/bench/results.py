@@ -14,6 +14,22 @@ from .options import SIDES
 FORMAT = "msccl-compile/bench-v1"
 
 
+def read_bench_json(path: str | os.PathLike) -> dict:
+    """A bench result file's JSON object, its format checked (BenchResult.load and calibrate read
+    it): one line naming `path` for a directory, bytes that are not UTF-8, JSON too deep or another
+    format."""
+    from compiler.fileio import read_input
+    from compiler.specs.jsonkeys import loads
+    try:
+        d = loads(read_input(path, "bench result").decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CompileError(f"{path}: not a bench result (not JSON: {e})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        found = d.get("format") if isinstance(d, dict) else None
+        raise CompileError(f"{path}: format: {found!r} is not {FORMAT!r} (a bench result's JSON)")
+    return d
+
+
 @dataclass(frozen=True)
 class SideResult:
     time_us: float
@@ -79,16 +95,7 @@ class BenchResult:
     def load(cls, path: str | os.PathLike) -> "BenchResult":
         """One line naming `path` for whatever is wrong with it (a directory, bytes that are not UTF-8,
         JSON too deep or of the wrong shape were internal errors, after the sweep)."""
-        from compiler.fileio import read_input
-        from compiler.specs.jsonkeys import loads
-        raw = read_input(path, "bench result")
-        try:
-            d = loads(raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CompileError(f"{path}: not a bench result (not JSON: {e})") from None
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            found = d.get("format") if isinstance(d, dict) else None
-            raise CompileError(f"{path}: format: {found!r} is not {FORMAT!r} (a bench result's JSON)")
+        d = read_bench_json(path)
         try:
             return cls.from_dict(d)
         except (KeyError, TypeError, AttributeError, ValueError) as e:

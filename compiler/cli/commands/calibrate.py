@@ -63,22 +63,14 @@ def _number(value, where: str) -> float:
 
 def measurements(results: list[str], files: dict[str, Path], topo) -> tuple[list, list[str]]:
     """(Measurement per usable row, notes on the rows left out)."""
-    from backends.bench.results import FORMAT
+    from backends.bench.results import read_bench_json
     from backends.msccl_xml import read_xml
     from compiler.analysis.calibrate import Measurement
-    from compiler.fileio import read_input
     from compiler.program.timing import call_bytes
-    from compiler.specs.jsonkeys import loads
     from compiler.specs.collectives import COLLECTIVES
     programs, out, notes = {}, [], []
     for path in results:
-        try:
-            doc = loads(read_input(path, "bench result"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CompileError(f"{path}: not a bench result (not JSON: {e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            found = doc.get("format") if isinstance(doc, dict) else None
-            raise CompileError(f"{path}: format: {found!r} is not {FORMAT!r} (a bench result's JSON)")
+        doc = read_bench_json(path)
         coll, nprocs = doc.get("collective"), doc.get("nprocs")
         if coll not in COLLECTIVES:
             raise CompileError(f"{path}: collective: {coll!r} is not one of {', '.join(COLLECTIVES)}")
