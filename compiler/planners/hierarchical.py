@@ -19,7 +19,11 @@ network_peers // 2 runs of neighbouring nodes each way: the source sends to the 
 run, and each node of a run forwards to the next (same-rail GPUs). A chunk is then at most a run
 deep in hops (each costs a network step), and the network carries the same bytes, once per node.
 
-A node of few sources (a broadcast's root) deals its chunks over all its rails (spread_over_idle_rails);
+A node of few sources (a broadcast's root) deals its chunks over all its rails (spread_over_idle_rails),
+on nodes without a link between every two GPUs (DGX-1, MI250) too: the root reaches a rail's GPU it has
+no link to through another GPU, and the fan-out trees leave out the GPUs that have the chunk already
+(_served_by_holders; a reduce is this broadcast reversed, where a second copy is a contribution counted
+twice);
 from three nodes on, its chunks may also go round every remote node one way along the rail, its rail's
 chunks forward and backward in turn (ROUND): each byte leaves the node once, where chains each way send
 it twice, in deeper chains that realise's instances pipeline.
@@ -75,7 +79,8 @@ def network_peers(topo: Topology) -> int:
 
 def nodes_need_trees(topo: Topology) -> bool:
     """Whether a node's GPUs are not all joined by direct links (MI250, DGX-1), so that hier's fan-out
-    inside a node goes down trees (fan_out_on_trees) rather than straight to each GPU."""
+    inside a node goes down trees (fan_out_on_trees) rather than straight to each GPU, and a source
+    reaches some GPUs of its node only through others (_over_direct_links)."""
     per = topo.gpus_per_node
     return not all(topo.paths(a, b) for a in range(per) for b in range(per) if a != b)
 
@@ -91,7 +96,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast) or a root's chunks (scatter, "
                            f"gather), not {demand.collective}")
     nodes, n, peers = topo.nodes, topo.ngpus, network_peers(topo)
-    rail = {} if nodes_need_trees(topo) else spread_over_idle_rails(demand, topo.gpus_per_node)
+    rail = spread_over_idle_rails(demand, topo.gpus_per_node)
     whole = all(set(c.dests) | set(c.sources) == set(range(n)) and len(c.sources) == 1 for c in demand.chunks)
     if whole and nodes - 1 > peers:  # chains, within the network peers a GPU has room for
         tried = list(dict.fromkeys([peers // 2] + ([1, ROUND] if rail else [])))
@@ -153,6 +158,8 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             if g != s:
                 first.append((c.id, s, g))
                 wanted.discard(g)
+                if trees and not topo.paths(s, g):  # the GPUs it passes on the way hold it too
+                    wanted -= set(_middles(topo, s, g, c.id))
         for node in range(nodes):
             members = [g for g in range(node * per, (node + 1) * per) if g in wanted]
             if not members:
@@ -181,6 +188,8 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             cross.append((hops, min(off, nodes - off), off, out % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "hier"))  # a million transfers, fewer pairs
+    if trees:
+        first = _over_direct_links(topo, first)
     for chunk, a, b in first:
         ls.add(chunk, a, b, path(a, b))
     for *_, chunk, a, b in sorted(cross):
@@ -211,6 +220,38 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
                 "their own rails and fan them out at home, each chunk sent to one of them by its source")
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          f"{inside}",))
+
+
+def _shortest_routes(topo: Topology, a: int, b: int) -> list[tuple[int, ...]]:
+    """Every shortest route of GPUs from a to b inside their node over direct GPU-to-GPU paths, in order."""
+    base, per = a - a % topo.gpus_per_node, topo.gpus_per_node
+    routes, frontier = [], [(a,)]
+    while frontier and not routes:
+        frontier = [r + (g,) for r in frontier for g in range(base, base + per)
+                    if g not in r and topo.paths(r[-1], g)]
+        routes = [r for r in frontier if r[-1] == b]
+    if not routes:
+        raise CompileError(f"hier: GPU {a} cannot reach GPU {b} inside its node; use another method (auto plans "
+                           "the others)")
+    return routes
+
+
+def _middles(topo: Topology, a: int, b: int, chunk: int) -> tuple[int, ...]:
+    """The GPUs chunk `chunk` passes from a to b where they have no direct path: one of their
+    shortest routes, the routes taken by chunks in turn so that the hops share the links."""
+    routes = _shortest_routes(topo, a, b)
+    return routes[chunk % len(routes)][1:-1]
+
+
+def _over_direct_links(topo: Topology, sends: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """`sends` (chunk, source, GPU of its node) as hops over direct paths, where a node's GPUs are
+    not all joined (DGX-1, MI250: a broadcast's root deals its chunks to every rail, and reaches
+    some of their GPUs only through another)."""
+    out = []
+    for chunk, a, b in sends:
+        stops = (a, *(_middles(topo, a, b, chunk) if not topo.paths(a, b) else ()), b)
+        out += [(chunk, x, y) for x, y in zip(stops, stops[1:])]
+    return out
 
 
 def swap_applies(topo: Topology, demand: Demand) -> str | None:
@@ -281,7 +322,7 @@ def plan_swap(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
 def spreads(topo: Topology, demand: Demand) -> bool:
     """Whether hier sends some chunks across on the rails of GPUs that are no source (spread_over_idle_rails)."""
     return (topo.nodes > 1 and not demand.reduce and any(len(c.dests) > 1 for c in demand.chunks)
-            and not nodes_need_trees(topo) and bool(spread_over_idle_rails(demand, topo.gpus_per_node)))
+            and bool(spread_over_idle_rails(demand, topo.gpus_per_node)))
 
 
 def spread_over_idle_rails(demand: Demand, per: int) -> dict[int, tuple[int, int]]:
@@ -318,6 +359,29 @@ def spread_over_idle_rails(demand: Demand, per: int) -> dict[int, tuple[int, int
     return out
 
 
+def _served_by_holders(root: int, edges: list[tuple[int, int]], held: set[int]) -> list[tuple[int, int]]:
+    """A tree's edges less those into a GPU of `held` (it has the chunk already: a broadcast's
+    chunk on its way from the root to the GPU that sends it across), which sends its own subtree,
+    and less the branches that led only to one. Receiving a chunk twice is waste in a copy and a
+    contribution counted twice in its time-reversed reduction."""
+    if not held:
+        return edges
+    kids: dict[int, list[int]] = defaultdict(list)
+    for x, y in edges:
+        kids[x].append(y)
+    keep: set[tuple[int, int]] = set()
+
+    def needed(v: int) -> bool:  # whether v's subtree has a GPU that wants the chunk
+        hit = v not in held and v != root
+        for w in kids[v]:
+            if needed(w) and w not in held:
+                keep.add((v, w))
+                hit = True
+        return hit
+    needed(root)
+    return [e for e in edges if e in keep]
+
+
 def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, int, int]]) -> str:
     """Where a node's GPUs are not all joined by direct links (MI250's Infinity Fabric, DGX-1's
     hybrid cube mesh), each (chunk, holder, destination) of `sends` inside a node goes down a tree
@@ -349,6 +413,8 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
         depth = {root: 0}
         for x, y in edges:
             depth[y] = depth[x] + 1
+        held = {y for _, y in edges if (chunk, base + y) in ls.ready}
+        for x, y in _served_by_holders(root, edges, held):
             hops.append((ls.ready[(chunk, a)], depth[x], (y - x) % per, chunk, base + x, base + y))
     for *_, chunk, x, y in sorted(hops):
         ls.add(chunk, x, y, (x, y))
