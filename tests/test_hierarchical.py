@@ -43,7 +43,7 @@ def test_reduce_scatter_through_the_dual(topo):
 
 
 def test_clear_errors(topo):
-    with pytest.raises(CompileError, match="needs several nodes"):
+    with pytest.raises(CompileError, match="needs several nodes .*not allgather|not allgather.*needs several nodes"):
         planned(topo("dgx2"), "allgather")
     with pytest.raises(CompileError, match="not alltoall"):
         planned(topo("dgx2", 2), "alltoall")
@@ -242,6 +242,27 @@ def test_a_root_on_nodes_without_every_link_deals_its_chunks_over_every_rail(top
     r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
     assert verify(r.program, "all", d.split(r.instances), t.sms).ok
     assert program_floor(t, bound_of(t, d)) / r.timing.finish_time_s >= 0.5
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "reduce"])
+def test_on_one_switched_node_a_root_deals_its_chunks_and_the_gpus_pass_them_on(topo, coll):
+    """On one NVSwitch node hier is a scatter then an allgather: the root sends each chunk once, to
+    the GPUs in turn, and each passes what it got to the rest, so no GPU gets a chunk twice (in the
+    reduce, its reverse, the verifier would count a contribution twice). auto has it as a candidate
+    there, not where direct links join the GPUs (trees is). DGX H100 16 MB in 32 chunks: 0.75 of
+    the floor, where auto's milp made 0.64 in a minute."""
+    from compiler.planners.auto import candidates
+    t = topo("dgx-h100")
+    d = make_demand(coll, t.ngpus, 16 * 2**20, 32)
+    s = plan(t, d, PlanOptions(method="hier"))
+    at_root = Counter(x.chunk for x in s.transfers if (x.dst if coll == "reduce" else x.src) == 0)
+    assert at_root == {c.id: 1 for c in d.chunks}
+    assert max(Counter((x.chunk, x.src if coll == "reduce" else x.dst) for x in s.transfers).values()) == 1
+    r = realise(s, t, LowerOptions(proto="auto", instances=0), "all")
+    assert verify(r.program, "all", d.split(r.instances), t.sms).ok
+    assert program_floor(t, bound_of(t, d)) / r.timing.finish_time_s >= 0.7
+    assert "hier" in candidates(t, d, PlanOptions())[0]
+    assert "hier" not in candidates(topo("mi300x"), make_demand(coll, 8, 16 * 2**20), PlanOptions())[0]
 
 
 def test_a_broadcast_goes_round_the_nodes_one_way_so_each_byte_leaves_the_roots_node_once(topo):

@@ -91,6 +91,11 @@ def candidates(topo: Topology, demand: Demand, options: PlanOptions) -> tuple[li
         # direct, ring and oneshot took the planning time, and direct/1ch was written at 0.097 of the floor; hier
         # first, 0.252)
         tried.insert(0, "hier")
+    elif topo.nodes == 1 and spreads(topo, plan_demand) and not trees_apply(topo, plan_demand):
+        # one switched node: the root deals its chunks over the other GPUs, which pass them on, where direct's root
+        # sends each byte to every GPU and ring's crosses N - 1 hops (DGX H100 broadcast 16 MB: milp/8ch 0.64 of the
+        # floor at 60 s; hier/32ch 0.75); where direct links join the GPUs, trees is that and more
+        tried.append("hier")
     if topo.nodes > 1 and demand.reduce and copies:
         why = swap_applies(topo, demand) or swap_too_little(topo, demand)
         if why is None:

@@ -28,6 +28,12 @@ from three nodes on, its chunks may also go round every remote node one way alon
 chunks forward and backward in turn (ROUND): each byte leaves the node once, where chains each way send
 it twice, in deeper chains that realise's instances pipeline.
 
+On one node, for a few sources' copies (a broadcast; a reduce as its reverse), hier is what is left of
+this: each source deals its chunks over the GPUs that are no source, which pass them on to the rest
+(scatter then allgather, van de Geijn's broadcast). auto plans it on one switched node, where every
+other method has the root send each byte once per GPU or is solved (DGX H100 broadcast 16 MB in 32
+chunks: 0.75 of the floor, milp 0.64); on GPUs joined by direct links trees is that and more.
+
 `swap` (plan_swap) is hier's allreduce on two nodes: a chunk's contributions are summed inside each
 node on the GPU of one rail, and the two GPUs of that rail swap their sums over the network, where
 hier (reduce-scatter then allgather, the registry's composition) crosses twice.
@@ -89,9 +95,10 @@ def nodes_need_trees(topo: Topology) -> bool:
 @without_gc
 def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     started = time.perf_counter()
-    if topo.nodes < 2:
-        raise CompileError(f"hier: the hierarchical baseline needs several nodes ({topo.name} has 1); "
-                           "use method='direct' on one node")
+    if topo.nodes < 2 and not spreads(topo, demand):
+        raise CompileError(f"hier: on one node it plans a few sources' copies (broadcast; reduce as its reverse), "
+                           f"not {demand.collective}: the hierarchical baseline needs several nodes ({topo.name} has "
+                           "1); use method='direct' on one node")
     if demand.reduce or all(len(c.dests) <= 1 for c in demand.chunks) and demand.root is None:
         raise CompileError(f"hier: plans copies to many ranks (allgather, broadcast) or a root's chunks (scatter, "
                            f"gather), not {demand.collective}")
@@ -218,6 +225,10 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
     elif first:
         how += (f"; {len({g for *_, g in first})} GPUs that are no source send their node's chunks across on "
                 "their own rails and fan them out at home, each chunk sent to one of them by its source")
+    if nodes == 1:
+        return ls.schedule("hier", started, ("hier on one node: each source deals its chunks over the GPUs that are no "
+                                             "source, one to each in turn, and each passes the chunks it got on to "
+                                             "the rest (scatter then allgather)",))
     return ls.schedule("hier", started, (f"hier: each chunk crosses the network once per remote node, {how}, "
                                          f"{inside}",))
 
@@ -320,8 +331,9 @@ def plan_swap(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
 
 
 def spreads(topo: Topology, demand: Demand) -> bool:
-    """Whether hier sends some chunks across on the rails of GPUs that are no source (spread_over_idle_rails)."""
-    return (topo.nodes > 1 and not demand.reduce and any(len(c.dests) > 1 for c in demand.chunks)
+    """Whether hier sends some chunks across on the rails of GPUs that are no source (spread_over_idle_rails);
+    on one node, whether it plans the demand at all (its sources deal their chunks over the other GPUs)."""
+    return (not demand.reduce and any(len(c.dests) > 1 for c in demand.chunks)
             and bool(spread_over_idle_rails(demand, topo.gpus_per_node)))
 
 
