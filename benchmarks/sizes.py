@@ -17,7 +17,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks.common import candidate_label, ours_ring_bound, save_rows  # noqa: E402
 from compiler.model.demand import make_demand  # noqa: E402
-from compiler.model.profiles import load_topology  # noqa: E402
+from compiler.model.profiles import list_profiles, load_topology  # noqa: E402
 from compiler.specs.errors import CompileError  # noqa: E402
 from compiler.specs.units import parse_size  # noqa: E402
 
@@ -25,6 +25,9 @@ COLLECTIVES = ("allgather", "alltoall", "reduce_scatter")
 
 
 def system(name: str) -> tuple[str, int]:
+    """`dgx-a100x2` -> ("dgx-a100", 2); a profile's own name is one node (`dgx2`, not two `dg`)."""
+    if name.lower() in {p.name.lower() for p in list_profiles()}:
+        return name, 1
     hw, _, nodes = name.rpartition("x")
     return (hw, int(nodes)) if hw and nodes.isdigit() else (name, 1)
 
