@@ -363,14 +363,18 @@ class Search:
         wrote the former."""
         if c.method not in SAME_ROUTES or c.method == self.fine == "hier":  # hier deals finer chunks over more rails
             return c.finish_time_s
-        finer = min([c.finish_time_s] + [k.finish_time_s for k in self.results
-                                         if k.method == c.method and k.parts > c.parts and k.parts % c.parts == 0])
-        if c.method == "ring":
-            # a ring's chunk goes N - 1 hops, and instances pipeline them more finely than any chunking planned: its
-            # busiest link is what the program may reach (one DGX-2, broadcast 1 GB: ring/4ch planned 37.6 ms, ring/8ch
-            # 22.8, and its program took 8.9; passed over for hier/32ch's 11.5)
-            return min(finer, busiest_link_s(self.topo, c.schedule))
-        return finer
+        return min([c.finish_time_s] + [k.finish_time_s for k in self.results
+                                        if k.method == c.method and k.parts > c.parts and k.parts % c.parts == 0])
+
+    def least_program_s(self, c: Candidate) -> float:
+        """The least time c's program may take, for judge's `beaten`: its reach, or for a ring its
+        busiest link's time where less. A ring's chunk goes N - 1 hops, which instances pipeline far
+        more finely than any chunking planned (one DGX-2, broadcast 1 GB: ring/4ch planned 37.6 ms,
+        ring/8ch 22.8, and the program of each took 8.9; judged by its plans, ring was passed over
+        for hier/32ch's 11.5 ms program). `pipelined` keeps the reach: a ring past JUDGED is judged
+        no more often than before."""
+        reach = self.reach(c)
+        return min(reach, busiest_link_s(self.topo, c.schedule)) if c.method == "ring" else reach
 
     def good_enough(self) -> bool:
         """Whether a plan reaches GOOD_ENOUGH of the bound, where plans are what is judged: with a
@@ -674,7 +678,7 @@ class Search:
             why = [f"auto chose {chosen}: simulated {ranking}" + (", ..." if len(results) > 6 else "")]
         late = [f"judging {c.method} at {c.parts}x (the time limit was reached)" for c in results
                 if c.program_s is None and (c.parts, c.method) in self.late and judged
-                and BEYOND * self.reach(c) < best.program_s  # its program might have been the faster
+                and BEYOND * self.least_program_s(c) < best.program_s  # its program might have been the faster
                 and (c.parts, c.method) not in self.near]
         unjudged = {(c.parts, c.method) for c in results if c.program_s is None}  # a later pass may have judged it
         near = [f"judging {m} at {parts}x (about {need:.{0 if need >= 1 else 1}f} s; the time limit is near)"
@@ -731,7 +735,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
-    beaten = lambda c: any(BEYOND * search.reach(c) >= k.program_s for k in done)  # noqa: E731
+    beaten = lambda c: any(BEYOND * search.least_program_s(c) >= k.program_s for k in done)  # noqa: E731
     # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
     pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
     fresh, kept, near, past = 0, [], [], []
