@@ -338,3 +338,14 @@ def test_hier_on_a_switched_node_that_lost_a_gpus_port_fails_in_one_line(topo):
     changed = fail(dgx2, resolve(dgx2, "3-nvswitch", "fail"))
     with pytest.raises(CompileError, match="hier: GPU 0 cannot reach GPU 3 inside its node"):
         plan(changed, make_demand("allgather", changed.ngpus, 2**20), PlanOptions(method="hier"))
+
+
+def test_a_gpu_holding_the_chunk_serves_its_own_subtree():
+    """Down a fan-out tree, a GPU that holds the chunk already (it got it on the way to the GPU that
+    sends it across) is not sent it again; it sends its subtree itself, and the branch that led only
+    to it goes, a relay that wants nothing included."""
+    from compiler.planners.hierarchical import _served_by_holders
+    edges = [(0, 1), (1, 2), (2, 3), (0, 4), (4, 5)]
+    assert _served_by_holders(0, edges, {2}, {3, 4, 5}) == [(2, 3), (0, 4), (4, 5)]
+    assert _served_by_holders(0, edges, {2}, {1, 3, 4, 5}) == [(0, 1), (2, 3), (0, 4), (4, 5)]
+    assert _served_by_holders(0, edges, set(), {3, 5}) == edges

@@ -371,11 +371,12 @@ def spread_over_idle_rails(demand: Demand, per: int) -> dict[int, tuple[int, int
     return out
 
 
-def _served_by_holders(root: int, edges: list[tuple[int, int]], held: set[int]) -> list[tuple[int, int]]:
-    """A tree's edges less those into a GPU of `held` (it has the chunk already: a broadcast's
-    chunk on its way from the root to the GPU that sends it across), which sends its own subtree,
-    and less the branches that led only to one. Receiving a chunk twice is waste in a copy and a
-    contribution counted twice in its time-reversed reduction."""
+def _served_by_holders(root: int, edges: list[tuple[int, int]], held: set[int],
+                       reach: set[int]) -> list[tuple[int, int]]:
+    """A tree's edges (pruned to `reach`) less those into a GPU of `held` (it has the chunk already:
+    a broadcast's chunk on its way from the root to the GPU that sends it across), which sends its
+    own subtree, and less the branches that led only to one. Receiving a chunk twice is waste in a
+    copy and a contribution counted twice in its time-reversed reduction."""
     if not held:
         return edges
     kids: dict[int, list[int]] = defaultdict(list)
@@ -384,7 +385,7 @@ def _served_by_holders(root: int, edges: list[tuple[int, int]], held: set[int]) 
     keep: set[tuple[int, int]] = set()
 
     def needed(v: int) -> bool:  # whether v's subtree has a GPU that wants the chunk
-        hit = v not in held and v != root
+        hit = v in reach
         for w in kids[v]:
             if needed(w) and w not in held:
                 keep.add((v, w))
@@ -421,12 +422,13 @@ def fan_out_on_trees(topo: Topology, ls: ListScheduler, sends: list[tuple[int, i
     hops = []
     for i, (chunk, a) in enumerate(items):
         root, base = a % per, a - a % per
-        edges = prune(root, list(trees[root][which[i]][0]), {b - base for b in wanted[(chunk, a)]})
+        reach = {b - base for b in wanted[(chunk, a)]}
+        edges = prune(root, list(trees[root][which[i]][0]), reach)
         depth = {root: 0}
         for x, y in edges:
             depth[y] = depth[x] + 1
         held = {y for _, y in edges if (chunk, base + y) in ls.ready}
-        for x, y in _served_by_holders(root, edges, held):
+        for x, y in _served_by_holders(root, edges, held, reach - held):
             hops.append((ls.ready[(chunk, a)], depth[x], (y - x) % per, chunk, base + x, base + y))
     for *_, chunk, x, y in sorted(hops):
         ls.add(chunk, x, y, (x, y))
