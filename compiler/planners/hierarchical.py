@@ -379,19 +379,8 @@ def _served_by_holders(root: int, edges: list[tuple[int, int]], held: set[int],
     copy and a contribution counted twice in its time-reversed reduction."""
     if not held:
         return edges
-    kids: dict[int, list[int]] = defaultdict(list)
-    for x, y in edges:
-        kids[x].append(y)
-    keep: set[tuple[int, int]] = set()
-
-    def needed(v: int) -> bool:  # whether v's subtree has a GPU that wants the chunk
-        hit = v in reach
-        for w in kids[v]:
-            if needed(w) and w not in held:
-                keep.add((v, w))
-                hit = True
-        return hit
-    needed(root)
+    cut = [(x, y) for x, y in edges if y not in held]  # the tree falls apart into one rooted at each holder
+    keep = {e for r in (root, *sorted(held)) for e in prune(r, cut, reach)}
     return [e for e in edges if e in keep]
 
 
