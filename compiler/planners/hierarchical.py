@@ -86,7 +86,7 @@ def network_peers(topo: Topology) -> int:
 def nodes_need_trees(topo: Topology) -> bool:
     """Whether a node's GPUs are not all joined by direct links (MI250, DGX-1), so that hier's fan-out
     inside a node goes down trees (fan_out_on_trees) rather than straight to each GPU, and a source
-    reaches some GPUs of its node only through others (_over_direct_links)."""
+    reaches some GPUs of its node only through others (_middles)."""
     per = topo.gpus_per_node
     return not all(topo.paths(a, b) for a in range(per) for b in range(per) if a != b)
 
@@ -162,11 +162,10 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
         back_round = ways[(home, across)] % 2 == 1  # ROUND: this chunk goes round backward
         ways[(home, across)] += 1
         for g in dict.fromkeys((out, hub)):
-            if g != s:
-                first.append((c.id, s, g))
-                wanted.discard(g)
-                if trees and not topo.paths(s, g):  # the GPUs it passes on the way hold it too
-                    wanted -= set(_middles(topo, s, g, c.id))
+            if g != s:  # over direct paths: a source on DGX-1 or MI250 reaches some GPUs of its node through others
+                stops = (s, *(_middles(topo, s, g, c.id) if trees and not topo.paths(s, g) else ()), g)
+                first += [(c.id, x, y) for x, y in zip(stops, stops[1:])]
+                wanted.difference_update(stops[1:])  # the GPUs it passes on the way hold it too
         for node in range(nodes):
             members = [g for g in range(node * per, (node + 1) * per) if g in wanted]
             if not members:
@@ -195,8 +194,6 @@ def _placed(topo: Topology, demand: Demand, options: PlanOptions, rail: dict[int
             cross.append((hops, min(off, nodes - off), off, out % per, c.id, sender, relay))
             fanout += [(c.id, relay, d) for d in members if d != relay]
     path = functools.cache(lambda a, b: one_transfer_path(topo, a, b, "hier"))  # a million transfers, fewer pairs
-    if trees:
-        first = _over_direct_links(topo, first)
     for chunk, a, b in first:
         ls.add(chunk, a, b, path(a, b))
     for *_, chunk, a, b in sorted(cross):
@@ -252,17 +249,6 @@ def _middles(topo: Topology, a: int, b: int, chunk: int) -> tuple[int, ...]:
     shortest routes, the routes taken by chunks in turn so that the hops share the links."""
     routes = _shortest_routes(topo, a, b)
     return routes[chunk % len(routes)][1:-1]
-
-
-def _over_direct_links(topo: Topology, sends: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """`sends` (chunk, source, GPU of its node) as hops over direct paths, where a node's GPUs are
-    not all joined (DGX-1, MI250: a broadcast's root deals its chunks to every rail, and reaches
-    some of their GPUs only through another)."""
-    out = []
-    for chunk, a, b in sends:
-        stops = (a, *(_middles(topo, a, b, chunk) if not topo.paths(a, b) else ()), b)
-        out += [(chunk, x, y) for x, y in zip(stops, stops[1:])]
-    return out
 
 
 def swap_applies(topo: Topology, demand: Demand) -> str | None:
