@@ -735,7 +735,8 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
-    beaten = lambda c: any(BEYOND * search.least_program_s(c) >= k.program_s for k in done)  # noqa: E731
+    # against the fastest judged program, least_program_s asked once (for a ring it walks every transfer)
+    beaten = lambda c: bool(done) and BEYOND * search.least_program_s(c) >= min(k.program_s for k in done)  # noqa: E731
     # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
     pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
     fresh, kept, near, past = 0, [], [], []
