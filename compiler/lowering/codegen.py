@@ -157,7 +157,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
                alias: Callable[[Slot], Slot], pace: Callable[[int], int] | None = None,
                pair_slow: bool = False, max_nodes: int | None = None, pair_peers: bool = True,
                pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
-               pace_fast: bool = True, cap: int | None = None) -> RankCode:
+               pace_fast: bool = True, cap: int | None = None, fuse_slow: bool = True) -> RankCode:
     """With `pace` (outgoing link id -> w, the thread blocks it carries at full rate under the
     per-thread-block cap), the first send of each run (a transfer's sub-chunks on one channel,
     Move.head) waits for the run w runs before it on the same outgoing link (w rounded up to a
@@ -178,7 +178,8 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     pace_fast: False paces only sends over slow paths (Move.slow: through a NIC); a fast link's
     sends, gated by their data anyway, take its lanes first come, first served. Where the rank
     would store too many XML nodes, fast links lose their pacing before any slow one does.
-    cap: where given, two peers share a thread block only where their steps fit it (pair_thread_blocks)."""
+    cap: where given, two peers share a thread block only where their steps fit it (pair_thread_blocks).
+    fuse_slow: False gives each send peer over a slow path a thread block of its own (pair_thread_blocks)."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
@@ -190,7 +191,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         ops = rank_ops(rank, moves_out, moves_in, demand)
         by_chunk, weights = link_forwards(ops)
         ring = (rank, demand.ngpus) if ring_ids else None
-        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring, cap)
+        tbs, copy_tb = place_ops(ops, by_chunk, weights, pair_slow, pair_peers, ring, cap, fuse_slow)
         gen = _RankGen(rank, demand, by_chunk, copy_tb, _Emitter(tbs, alias, budget), pace, gate_slow, pace_fast)
         for op, fused in fuse(ops, len(tbs)):
             gen.emit(op, fused)
@@ -290,7 +291,7 @@ def fewest_steps(rank: int, moves_out: list[Move], moves_in: list[Move], demand:
 
 def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[int, int, int], int],
               pair_slow: bool = False, pair_peers: bool = True, ring: tuple[int, int] | None = None,
-              cap: int | None = None) -> tuple[list[DraftThreadBlock], dict[int, int]]:
+              cap: int | None = None, fuse_slow: bool = True) -> tuple[list[DraftThreadBlock], dict[int, int]]:
     """The rank's thread blocks, each op's `tb`, and the thread block of each chunk's copy: that of
     the chunk's first send (which then reads o), else the least loaded. pair_slow: a receive over a
     slow path may share a thread block with a send peer that would not wait for it (saves thread
@@ -298,6 +299,7 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
     slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
+    alone = frozenset() if fuse_slow else frozenset((o.move.chan, o.move.dst) for o in ops if o.kind is SEND and o.move.slow)
     steps = None
     if cap is not None:
         counts: dict[tuple[int, int, int], int] = {}
@@ -307,7 +309,7 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
                 counts[k] = counts.get(k, 0) + 1
         steps = (cap, counts)
     peers = pair_thread_blocks(sends, recvs, weights, slow, _behind_slow(ops, slow) if pair_slow else None, pair_peers,
-                               ring, steps)
+                               ring, steps, alone)
     if not peers and any(o.kind is COPY for o in ops):
         peers = [(-1, -1, 0)]
     send_tb = {(chan, s): i for i, (s, _, chan) in enumerate(peers) if s >= 0}
@@ -354,7 +356,8 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
                        slow: frozenset[tuple[int, int]] = frozenset(),
                        waits: Callable[[int, int, int], bool] | None = None,
                        pair_peers: bool = True, ring: tuple[int, int] | None = None,
-                       steps: tuple[int, dict[tuple[int, int, int], int]] | None = None) -> list[tuple[int, int, int]]:
+                       steps: tuple[int, dict[tuple[int, int, int], int]] | None = None,
+                       alone: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[int, int, int]]:
     """(send peer, recv peer, chan) per thread block, sorted (= tb ids). sends/recvs hold (chan, peer);
     weights[(chan, recv peer, send peer)] counts forwards that could fuse on such a tb. Per channel:
     a receive over a slow path (in `slow`) gets a thread block of its own (sends placed behind it
@@ -370,7 +373,9 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     (DGX H100 x 64 allgather 1 GB: 3.25 against 2.85 ms).
     steps: where given, (cap, count of sends (chan, 0, peer) and of receives (chan, 1, peer)): two
     peers share a block only where its steps (sends plus receives less the forwards that fuse)
-    stay within cap; a block per peer is more blocks, but no more channel groups for them all."""
+    stay within cap; a block per peer is more blocks, but no more channel groups for them all.
+    alone: (chan, send peer) pairs that get a thread block with no receive peer, first (LowerOptions.fuse_slow:
+    a block pays a NIC's step latency after each send, and a receive on that block would wait it out)."""
     tbs = []
 
     def fits(chan: int, d: int, a: int) -> bool:
@@ -383,6 +388,10 @@ def pair_thread_blocks(sends: set[tuple[int, int]], recvs: set[tuple[int, int]],
     for chan in sorted({c for c, _ in sends} | {c for c, _ in recvs}):
         free_s = {p for c, p in sends if c == chan}
         free_r = {p for c, p in recvs if c == chan}
+        for p in sorted(free_s):
+            if (chan, p) in alone:
+                tbs.append((p, -1, chan))
+                free_s.discard(p)
         for p in sorted(free_r):
             if (chan, p) in slow:
                 mate = next((d for d in [p] + sorted(free_s - {p})

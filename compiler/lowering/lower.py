@@ -130,6 +130,9 @@ class LowerOptions:
     # in turn (a chain's forwards to the next node each way) idles that long every other send
     lanes_across: bool = False  # a pair's transfers take its parallel links' lanes in turn across levels, not
     # from lane 0 at each level (channels.parallel_lanes): one send a level to a peer then no longer queues on one block
+    fuse_slow: bool = True  # a send through a NIC may share a thread block with a receive (fused into rcs/rrs where
+    # it forwards the received value); False gives its peer a block of its own, so the receives do not wait out the
+    # NIC's step latency after each send (reduce-scatter's sums out of a node: the receive of the next sum waited)
     ring_ids: bool = True  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks);
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
 
@@ -381,7 +384,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
                  pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
                  pace_fast: bool = True, cap: int | None = None,
-                 probed: dict | None = None) -> tuple[list[RankCode], bool]:
+                 probed: dict | None = None, fuse_slow: bool = True) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first).
     probed: Probed.take's argument (the code probe_split lowered for one rank, used where it is the same)."""
@@ -395,7 +398,8 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
         code = probed.pop((r, aliased), None) if probed and not pair_slow and cap is None else None
         if code is None or (code[0], code[1]) != (outs[r], ins[r]):
             code = lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
-                              pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast, cap)
+                              pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast, cap,
+                              fuse_slow)
         else:
             code = code[2]
         codes.append(code)
@@ -454,11 +458,12 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         with_alias = aliased
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
-                          options.ring_ids, options.pace_fast)
+                          options.ring_ids, options.pace_fast, fuse_slow=options.fuse_slow)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             with_alias = False
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
-                              options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast)
+                              options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast,
+                              fuse_slow=options.fuse_slow)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             if probed is not None:
@@ -554,7 +559,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
-                                        options.ring_ids, options.pace_fast, cap, probed)
+                                        options.ring_ids, options.pace_fast, cap, probed, options.fuse_slow)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
@@ -590,6 +595,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         cap = lim.max_steps if cap is not None else None
     if not options.pair_peers:
         notes.append("lowering: every send and receive peer has a thread block of its own unless a forward fuses them")
+    if not options.fuse_slow:
+        notes.append("lowering: every send peer through a NIC has a thread block of its own")
     if options.lanes_across and max(lanes, default=0) > 0:
         notes.append("lowering: a GPU pair's transfers take its parallel links in turn, level after level")
     if options.gate_slow:
