@@ -18,7 +18,7 @@ from compiler.planners import PlanOptions
 from compiler.planners.registry import get, plan
 from compiler.program.timing import time_program
 from compiler.program.verify import verify
-from compiler.realise import instance_order, realise, saturating_counts
+from compiler.realise import instance_order, realise, saturating_counts, waits_behind_nic
 
 MB = 1 << 20
 
@@ -468,6 +468,7 @@ def test_nic_sends_on_blocks_of_their_own_let_a_reduce_scatter_meet_its_plan(top
     nic = [(g.rank, tb) for g in apart.gpus for tb in g.tbs if tb.send >= 0 and tb.send // per != g.rank // per]
     assert nic and all(tb.recv < 0 and all(st.type == "s" for st in tb.steps) for _, tb in nic)
     assert any(st.type == "rrs" for g in fused.gpus for tb in g.tbs for st in tb.steps)
+    assert waits_behind_nic(fused, t) and not waits_behind_nic(apart, t)
     assert verify(apart, "all", s.demand.split(5), t.sms).ok
     assert apart_s <= 1.05 * simulate(t, s, proto="LL").finish_time_s
     r = realise(s, t, LowerOptions(proto="LL", instances=5), "all")
