@@ -682,7 +682,8 @@ def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Lo
         if behind_s is not None and before > CONTENDS * behind_s:
             break  # a count this far behind is not worth another lowering
         at = placed[leader]
-        turned = at.rotate_slow < MAX_TURNS and pays(leader, replace(at, rotate_slow=max(2, at.rotate_slow + 1)), before)
+        more = replace(at, rotate_slow=at.rotate_slow + 1)
+        turned = at.rotate_slow < MAX_TURNS and pays(leader, more, before)
         if not turned:
             if unfused or not at.fuse_slow or time.perf_counter() + lowering_s >= stop_at \
                     or not _nic_latency_bound(timed[leader][1], topology) \

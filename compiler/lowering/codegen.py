@@ -299,7 +299,8 @@ def place_ops(ops: list[Op], by_chunk: dict[int, list[Op]], weights: dict[tuple[
     sends = {(o.move.chan, o.move.dst) for o in ops if o.kind is SEND}
     recvs = {(o.move.chan, o.move.src) for o in ops if o.kind is RECV}
     slow = frozenset((o.move.chan, o.move.src) for o in ops if o.kind is RECV and o.move.slow)
-    alone = frozenset() if fuse_slow else frozenset((o.move.chan, o.move.dst) for o in ops if o.kind is SEND and o.move.slow)
+    alone = frozenset() if fuse_slow else \
+        frozenset((o.move.chan, o.move.dst) for o in ops if o.kind is SEND and o.move.slow)
     steps = None
     if cap is not None:
         counts: dict[tuple[int, int, int], int] = {}
