@@ -458,12 +458,12 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         with_alias = aliased
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
-                          options.ring_ids, options.pace_fast, fuse_slow=options.fuse_slow)
+                          options.ring_ids, options.pace_fast, None, options.fuse_slow)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             with_alias = False
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast,
-                              fuse_slow=options.fuse_slow)
+                              None, options.fuse_slow)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             if probed is not None:
