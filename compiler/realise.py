@@ -686,7 +686,6 @@ def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Lo
         turned = at.rotate_slow < MAX_TURNS and pays(leader, more, before)
         if not turned:
             if unfused or not at.fuse_slow or time.perf_counter() + lowering_s >= stop_at \
-                    or not _nic_latency_bound(timed[leader][1], topology) \
                     or not waits_behind_nic(timed[leader][0], topology):
                 break
             unfused = True
@@ -894,19 +893,6 @@ def _chunks_latency_bound(chunk_bytes: float, proto: str, topology: Topology, ev
         return False
     kinds = {l.kind or "nvlink" for l in topology.links}
     return (all if every else any)(chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
-
-
-def _nic_latency_bound(timing: ProgramTiming, topology: Topology) -> bool:
-    """Whether the program's chunks take a thread block less time than one step's latency on the
-    links slower than the fastest (the NICs'): a block that sends one there then idles longer than
-    it sent (DGX A100 x 2 reduce-scatter in LL at 10^6 B: 0.6 us against 2.7; at 16 MB in LL128,
-    6.3 against 4.0)."""
-    costing = Costing.of(topology, timing.proto)
-    if costing.cost is None:
-        return False
-    fastest = topology.fastest_bandwidth
-    kinds = {l.kind or "nvlink" for l in topology.links if l.bandwidth < fastest}
-    return any(timing.chunk_bytes / costing.tb_rate(kind) < costing.step(kind) for kind in kinds)
 
 
 def through_slow_paths(schedule: Schedule, topology: Topology) -> bool:
