@@ -70,7 +70,7 @@ from compiler.analysis.simulate import Ideals
 from compiler.lowering.channels import parallel_lanes
 from compiler.lowering.lower import LowerOptions, TooManySteps, lower, transfer_levels
 from compiler.model.demand import Demand, demand_chunks
-from compiler.model.program import AUTO, PROTOCOLS, RECVS, SLOTS, Program
+from compiler.model.program import AUTO, PROTOCOLS, RECVS, SENDS, SLOTS, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
 from compiler.planners.background import Background
@@ -695,12 +695,9 @@ def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Lo
     return reached
 
 
-FUSED = frozenset(("rcs", "rrs", "rrcs"))  # a receive fused with the send of its value
-
-
 def waits_behind_nic(program: Program, topology: Topology) -> bool:
-    """Whether some thread block sends through a NIC in a step fused with a receive and receives
-    again after it: that receive waits out the NIC's step latency (LowerOptions.fuse_slow)."""
+    """Whether some thread block sends through a NIC and receives after such a send: that receive
+    waits out the NIC's step latency (LowerOptions.fuse_slow gives the send peer a block of its own)."""
     fastest, slow = topology.fastest_bandwidth, {}
     for g in program.gpus:
         for tb in g.tbs:
@@ -711,8 +708,8 @@ def waits_behind_nic(program: Program, topology: Topology) -> bool:
                 slow[key] = topology.path_bandwidth(topology.best_path(g.rank, tb.send)) < fastest
             if not slow[key]:
                 continue
-            fused = [i for i, st in enumerate(tb.steps) if st.type in FUSED]
-            if fused and any(st.type in RECVS for st in tb.steps[fused[0] + 1:]):
+            sends = [i for i, st in enumerate(tb.steps) if st.type in SENDS]
+            if sends and any(st.type in RECVS for st in tb.steps[sends[0] + 1:]):
                 return True
     return False
 
