@@ -30,7 +30,9 @@ another lane and a chunk takes a thread block less than a step latency: MI250 re
 milp/2ch at 5 instances, 54.1 -> 46.9 us with every peer on a block of its own; of 38 MI250 and
 DGX-1 milp programs of 64 KB to 32 MB, 4 gained, all of them such; elsewhere it only cost lowering
 time) and with every instance on its own channel
-(LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`). Where a
+(LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`); from the
+best, the descent and, where a path goes through a NIC, its connections on more channel groups in
+turn, then with its send peers on blocks of their own (LowerOptions.fuse_slow, `_turns`). Where a
 chunk takes several kernel iterations, one instance's placements wait until the other counts are
 tried (more instances split such a chunk, and usually win), and are tried only if the most they
 gained at another count would bring it within CONTENDS of the best; where a chunk moves in less
