@@ -374,7 +374,7 @@ class Search:
         for hier/32ch's 11.5 ms program). `pipelined` keeps the reach: a ring past JUDGED is judged
         no more often than before."""
         reach = self.reach(c)
-        return min(reach, busiest_link_s(self.topo, c.schedule)) if c.method == "ring" else reach
+        return min(reach, ring_links_s(self.topo, c.schedule.demand)) if c.method == "ring" else reach
 
     def good_enough(self) -> bool:
         """Whether a plan reaches GOOD_ENOUGH of the bound, where plans are what is judged: with a
@@ -702,16 +702,6 @@ def _optimise(topo: Topology, demand: Demand, options: PlanOptions, deadline: fl
     return search.results[len(results):], search.failed, search.planned
 
 
-def busiest_link_s(topo: Topology, schedule: Schedule) -> float:
-    """The seconds the busiest link of the schedule's routes is busy (bytes over its parallel links'
-    bandwidth): no program on those routes, however finely pipelined, takes less."""
-    load: dict[int, int] = {}
-    for t in schedule.transfers:
-        for l in topo.path_links(t.path):
-            load[l] = load.get(l, 0) + 1
-    return max((n * schedule.demand.chunk_bytes / topo.links[l].capacity for l, n in load.items()), default=0.0)
-
-
 def judge(search: Search, judge_program, deadline: float | None, good_enough: float = 1.0,
           only: tuple[str, ...] | None = None, probes: dict[int, float] | None = None,
           search_by: float | None = None, fill: bool = False) -> None:
@@ -735,7 +725,7 @@ def judge(search: Search, judge_program, deadline: float | None, good_enough: fl
     for its fastest program ends then (judge_program's second argument), whatever it has found."""
     done = [c for c in search.results if c.program_s is not None]
     enough = lambda: any(c.program_ratio >= good_enough for c in done)  # noqa: E731
-    # against the fastest judged program, least_program_s asked once (for a ring it walks every transfer)
+    # against the fastest judged program, least_program_s asked once (for a ring it passes over the chunks)
     beaten = lambda c: bool(done) and BEYOND * search.least_program_s(c) >= min(k.program_s for k in done)  # noqa: E731
     # past JUDGED, still one whose finer chunkings plan far faster (instances may pipeline it; it plans last)
     pipelined = lambda c: search.reach(c) < BEYOND * c.finish_time_s  # noqa: E731
