@@ -94,6 +94,7 @@ STALL_LOWERING_S = 0.3  # nor is a search stalled whose first lowering and timin
 MAX_AHEAD = 7  # the widest pace_ahead window tried (1, then 3, then 7 while each pays)
 MAX_TURNS = 8  # the most channel-group sets a NIC connection takes in turn in a small program's search (_placements)
 MAX_GROUPS = 8  # the most channel groups one instance's whole chunks are spread over (_grouped)
+SPREAD_GROUPS = (2, 3, 4, 6, 8)  # the channel groups a latency-bound small program's whole chunks are tried over (_spread)
 CONTENDS = 1.2  # a count whose program is within this share of the best so far is tried with the pacing variants
 LEAD = {"pair_peers": False, "pace_ahead": 1, "pace_fast": False, "rotate_slow": 2}  # a large program's first
 # placement at each count (realise, _lead): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled
@@ -623,6 +624,15 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                            lowered, proto)
         if gated and not reached:
             reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, proto)
+        if not reached and _latency_bound(timed[proto or _leader(timed)][1], topology, every=False):
+            spread_s = timed[proto or _leader(timed)][1].finish_time_s
+            reached = _spread(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, across,
+                              lowered, proto)
+            if not reached and timed[proto or _leader(timed)][1].finish_time_s < PAYS * spread_s:
+                # the groups' blocks change what pacing and pairing cost: descend again from them (MI250 x 2
+                # allgather 10^6 B rounds/5ch: paced, peers paired, 8 groups 78.8 us; unpaced 61.7)
+                reached = _descend(timed, placed, schedule, topology, options, stop_at, lowering_s, behind_s,
+                                   enough_s, lowered, proto)
         end = proto or _leader(timed)
         settled.add((end, placed[end]))
         gained = max(gained, start_s / timed[end][1].finish_time_s)
@@ -693,6 +703,48 @@ def _turns(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, Lo
             unfused = True
             if not pays(leader, replace(at, fuse_slow=False), before):
                 break
+        reached = enough_s is not None and _fastest_s(timed) <= enough_s
+    return reached
+
+
+def _spread(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, LowerOptions], schedule: Schedule,
+            topology: Topology, stop_at: float, lowering_s: float, behind_s: float | None, enough_s: float | None,
+            across: bool, seen: set[tuple[str, LowerOptions]], proto: str | None = None) -> bool:
+    """The best placement so far (or `proto`'s) with its whole chunks over SPREAD_GROUPS channel
+    groups (LowerOptions.groups), while a count or the one after it pays (PATIENCE). Where a chunk
+    moves in less than a step latency on some link kind, the steps a connection's thread block
+    takes one after another pay their latencies one after another; more instances spread them only
+    where they split chunks into whole elements, and multiply the steps. Groups give a connection
+    a block per group for its whole chunks (MI250 x 2 allreduce 10^6 B, hier/5ch at one instance,
+    where no other count splits elements: 209.3 us; 4 groups 152.2, 4 groups with lanes_across
+    117.4; reduce-scatter 16 MB hier/4ch at 2 instances: 3 groups, 168.0 -> 151.1). across: pairs
+    run transfers over parallel links, and each count is also tried with their lanes taken in turn
+    (the groups then spread a pair's transfers over its links too); where a placement with every peer
+    apart needs more thread blocks than fit, with its peers paired. seen: the (protocol, placement)
+    pairs lowered already (grows). Whether a program reached enough_s."""
+    reached = enough_s is not None and _fastest_s(timed) <= enough_s
+    misses = 0
+    for groups in SPREAD_GROUPS:
+        if reached or misses >= PATIENCE or time.perf_counter() + lowering_s >= stop_at:
+            break
+        leader = proto or _leader(timed)
+        before = timed[leader][1].finish_time_s
+        if behind_s is not None and before > CONTENDS * behind_s:
+            break  # a count this far behind is not worth another lowering
+        at = placed[leader]
+        if at.groups >= groups:
+            continue
+        trials = [replace(at, groups=groups)] + ([replace(at, groups=groups, lanes_across=True)]
+                                                 if across and not at.lanes_across else [])
+        while trials:
+            trial = trials.pop(0)
+            if (leader, trial) in seen or time.perf_counter() + lowering_s >= stop_at:
+                continue
+            contenders = _contenders(timed, leader, None)
+            seen.update((q, trial) for q in contenders)
+            if not _kept(timed, placed, schedule, topology, trial, stop_at, contenders) and not trial.pair_peers:
+                trials.insert(0, replace(trial, pair_peers=True))  # apart, its blocks do not fit: paired, they may
+        misses = 0 if timed[proto or _leader(timed)][1].finish_time_s < PAYS * before else misses + 1
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
     return reached
 
