@@ -32,7 +32,10 @@ DGX-1 milp programs of 64 KB to 32 MB, 4 gained, all of them such; elsewhere it 
 time) and with every instance on its own channel
 (LowerOptions.fit_lanes), then the best of each kind that paid together (`_placements`); from the
 best, the descent and, where a path goes through a NIC, its connections on more channel groups in
-turn, then with its send peers on blocks of their own (LowerOptions.fuse_slow, `_turns`). Where a
+turn, then with its send peers on blocks of their own (LowerOptions.fuse_slow, `_turns`), and, where
+a chunk moves in less than a step latency on some link kind, its whole chunks over more channel
+groups (LowerOptions.groups, `_spread`: a connection's block pays its steps' latencies one after
+another), with the descent again where that paid. Where a
 chunk takes several kernel iterations, one instance's placements wait until the other counts are
 tried (more instances split such a chunk, and usually win), and are tried only if the most they
 gained at another count would bring it within CONTENDS of the best; where a chunk moves in less
@@ -624,11 +627,12 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                            lowered, proto)
         if gated and not reached:
             reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, proto)
-        if not reached and _latency_bound(timed[proto or _leader(timed)][1], topology, every=False):
-            spread_s = timed[proto or _leader(timed)][1].finish_time_s
+        leading = lambda: timed[proto or _leader(timed)][1]  # noqa: E731
+        if not reached and _latency_bound(leading(), topology, every=False):
+            spread_s = leading().finish_time_s
             reached = _spread(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, across,
                               lowered, proto)
-            if not reached and timed[proto or _leader(timed)][1].finish_time_s < PAYS * spread_s:
+            if not reached and leading().finish_time_s < PAYS * spread_s:
                 # the groups' blocks change what pacing and pairing cost: descend again from them (MI250 x 2
                 # allgather 10^6 B rounds/5ch: paced, peers paired, 8 groups 78.8 us; unpaced 61.7)
                 reached = _descend(timed, placed, schedule, topology, options, stop_at, lowering_s, behind_s,
@@ -717,11 +721,15 @@ def _spread(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, L
     where they split chunks into whole elements, and multiply the steps. Groups give a connection
     a block per group for its whole chunks (MI250 x 2 allreduce 10^6 B, hier/5ch at one instance,
     where no other count splits elements: 209.3 us; 4 groups 152.2, 4 groups with lanes_across
-    117.4; reduce-scatter 16 MB hier/4ch at 2 instances: 3 groups, 168.0 -> 151.1). across: pairs
+    117.4; reduce-scatter 16 MB, hier/8ch at 2 instances, 184.3 -> 166.6). across: pairs
     run transfers over parallel links, and each count is also tried with their lanes taken in turn
     (the groups then spread a pair's transfers over its links too); where a placement with every peer
-    apart needs more thread blocks than fit, with its peers paired. seen: the (protocol, placement)
-    pairs lowered already (grows). Whether a program reached enough_s."""
+    apart needs more thread blocks than fit, with its peers paired. As the turns, it lowers the
+    leader's protocol only: a protocol of the same slots that it sped up to within BEHIND would be
+    lowered at every later count, and lead some (DGX-2 x 2 allreduce 10^6 B ring: LL led at 2
+    instances, and the search ended at 4 with 324.5 us, where it went on to 14 and 200.0 before).
+    seen: the (protocol, placement) pairs lowered already (grows). Whether a program reached
+    enough_s."""
     reached = enough_s is not None and _fastest_s(timed) <= enough_s
     misses = 0
     for groups in SPREAD_GROUPS:
@@ -740,9 +748,8 @@ def _spread(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, L
             trial = trials.pop(0)
             if (leader, trial) in seen or time.perf_counter() + lowering_s >= stop_at:
                 continue
-            contenders = _contenders(timed, leader, None)
-            seen.update((q, trial) for q in contenders)
-            if not _kept(timed, placed, schedule, topology, trial, stop_at, contenders) and not trial.pair_peers:
+            seen.add((leader, trial))
+            if not _kept(timed, placed, schedule, topology, trial, stop_at, (leader,)) and not trial.pair_peers:
                 trials.insert(0, replace(trial, pair_peers=True))  # apart, its blocks do not fit: paired, they may
         misses = 0 if timed[proto or _leader(timed)][1].finish_time_s < PAYS * before else misses + 1
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
