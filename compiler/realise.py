@@ -751,7 +751,7 @@ def _spread(timed: dict[str, tuple[Program, ProgramTiming]], placed: dict[str, L
             seen.add((leader, trial))
             if not _kept(timed, placed, schedule, topology, trial, stop_at, (leader,)) and not trial.pair_peers:
                 trials.insert(0, replace(trial, pair_peers=True))  # apart, its blocks do not fit: paired, they may
-        misses = 0 if timed[proto or _leader(timed)][1].finish_time_s < PAYS * before else misses + 1
+        misses = 0 if timed[leader][1].finish_time_s < PAYS * before else misses + 1  # only its program changes
         reached = enough_s is not None and _fastest_s(timed) <= enough_s
     return reached
 
