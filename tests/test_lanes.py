@@ -426,7 +426,8 @@ def test_a_nic_connection_takes_turns_on_top_of_the_best_small_placement(topo, m
     groups in turn changes nothing (paced or paired blocks keep the turns waiting); on the best
     placement, unpaced with every peer apart, two turns beat it by over 10 %. realise tries the
     turns on its best placement and keeps them (the program verifies and says so); without that
-    stage (MAX_TURNS 1) its program is slower."""
+    stage (MAX_TURNS 1) the whole chunks over channel groups (_spread) give the NIC connection
+    several blocks too and reach it; without both, its program is slower."""
     import compiler.realise as R
     t = topo("dgx2", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 999_936, 4), PlanOptions())  # 1 MB in whole float32
@@ -443,6 +444,10 @@ def test_a_nic_connection_takes_turns_on_top_of_the_best_small_placement(topo, m
     assert verify(r.program, "all", s.demand, t.sms).ok
     assert any("channel groups in turn" in n for n in r.program.notes)
     monkeypatch.setattr(R, "MAX_TURNS", 1)
+    spread = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
+    assert spread.timing.finish_time_s <= turns * 1.0001
+    assert any("channel groups, a thread block per group" in n for n in spread.program.notes)
+    monkeypatch.setattr(R, "SPREAD_GROUPS", ())
     without = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
     assert without.timing.finish_time_s > 1.05 * r.timing.finish_time_s
 
