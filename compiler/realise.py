@@ -627,12 +627,12 @@ def _placements(timed: dict[str, tuple[Program, ProgramTiming]], schedule: Sched
                            lowered, proto)
         if gated and not reached:
             reached = _turns(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, proto)
-        leading = lambda: timed[proto or _leader(timed)][1]  # noqa: E731
-        if not reached and _latency_bound(leading(), topology, every=False):
-            spread_s = leading().finish_time_s
+        lead = proto or _leader(timed)  # _spread lowers its protocol only: it stays the leader
+        if not reached and _latency_bound(timed[lead][1], topology, every=False):
+            spread_s = timed[lead][1].finish_time_s
             reached = _spread(timed, placed, schedule, topology, stop_at, lowering_s, behind_s, enough_s, across,
                               lowered, proto)
-            if not reached and leading().finish_time_s < PAYS * spread_s:
+            if not reached and timed[lead][1].finish_time_s < PAYS * spread_s:
                 # the groups' blocks change what pacing and pairing cost: descend again from them (MI250 x 2
                 # allgather 10^6 B rounds/5ch: paced, peers paired, 8 groups 78.8 us; unpaced 61.7)
                 reached = _descend(timed, placed, schedule, topology, options, stop_at, lowering_s, behind_s,
