@@ -326,6 +326,30 @@ def test_race_without_dependency():
     assert "race" in rules(verify(edit(p, 0, 1, s)))
 
 
+def copy_apart(reads: str) -> Program:
+    """ring_allgather_1tb with each rank's copy i0 -> o[r] on a block of its own, unordered against the
+    ring block, whose first send reads `reads` (i0 or o[r])."""
+    p = ring_allgather_1tb(inplace=True, outofplace=True)
+    for r in range(4):
+        steps = list(p.gpus[r].tbs[0].steps)
+        steps[1] = replace(steps[1], srcbuf=reads[0], srcoff=int(reads[1:]) if reads != "o" else r)
+        p = add_tbs(edit(p, r, 0, steps[1:]), r, tb(1, steps=[steps[0]]))
+    return p
+
+
+def test_an_in_place_self_copy_races_with_nothing():
+    """msccl-xml.md §10: called in place, an allgather's cpy i -> o[rank] copies a region onto itself.
+    A send of i0 beside it, with no dependency, reads what is there either way: out of place they
+    touch different buffers, and in place the copy moves nothing. Lowering relies on it (a send of
+    the rank's own chunk does not wait for its copy). A send of o[rank] beside the copy races in the
+    out-of-place call, where the copy writes what it reads."""
+    v = verify(copy_apart("i0"))
+    assert v.ok, v.summary()
+    v = verify(copy_apart("o"))
+    assert "race" in rules(v)
+    assert any(f.rule == "race" and f.rank == 0 and "o[0]" in f.message for f in v.findings)
+
+
 def test_write_write_race():
     p = ring_allgather_2tb()
     # tb 0 receives into o[1] at its step 2, which nothing orders against tb 1

@@ -270,6 +270,10 @@ class Machine(Interpreter):
     def reduce(self, xs: list, ys: list) -> list:
         return [self._reduce1(self.cur, x, y) for x, y in zip(xs, ys)]
 
+    def same_memory(self, a, b) -> bool:
+        addrs = self.call.addrs[self.cur.rank]
+        return all(addrs[a[0]][a[1] + k] == addrs[b[0]][b[1] + k] for k in range(a[2]))
+
     # ---- reporting ----
 
     def add(self, rule: str, text: str, tb: _Tb):

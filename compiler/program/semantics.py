@@ -16,7 +16,7 @@ reads all its operands before it writes. Reductions combine (received or destina
 | rrs | yes | yes | received op src | | the reduction |
 | rrc | yes | yes | received op src | the reduction | |
 | rrcs | yes | yes | received op src | the reduction | the reduction |
-| cpy | | yes | | what it read | |
+| cpy | | yes | | what it read (nothing where src is dst: an in-place self-copy) | |
 | re | | yes | dst op src | the reduction | |
 | nop | | | | | |
 
@@ -83,6 +83,12 @@ class Interpreter:
     def reduce(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
+    def same_memory(self, a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
+        """Whether two windows (buffer, offset, count) are the same memory in this call (an
+        in-place call aliases the input and the output). A copy between them writes what is there:
+        the runtimes run it, and it races with nothing."""
+        return False
+
     def step(self, st: Step, received: Any = None, first: int = 0, count: int | None = None) -> Any:
         """Runs chunks first..first+count-1 of `st` (default: all cnt of them) on `received` (for a
         receiving step: that many chunks from the peer). Returns what the step sends (None for a
@@ -94,7 +100,9 @@ class Interpreter:
         src = (st.srcbuf, st.srcoff + first, m)
         dst = (st.dstbuf, st.dstoff + first, m)
         if t == "cpy":
-            self.write(*dst, self.read(*src))
+            x = self.read(*src)
+            if not self.same_memory(src, dst):  # an in-place call's self-copy moves nothing
+                self.write(*dst, x)
             return None
         if t == "re":
             self.write(*dst, self.reduce(self.read(*dst), self.read(*src)))
