@@ -3,6 +3,7 @@ program timer under the runtime cost model, never by wall clock)."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 
@@ -571,23 +572,26 @@ def test_whole_chunks_over_channel_groups_where_instances_cannot_split_them(topo
 
 
 def test_channel_groups_are_tried_past_a_doubling_that_does_not_pay(topo, monkeypatch):
-    """MI250 x 2 hier allgather 1 GB at one instance, as a large program: LEAD's rotation of the NIC
-    connections over 2 channel groups leaves 2 groups of whole chunks within 2 % of LEAD alone (a
-    doubling that does not pay), and 4 groups are faster by more than a tenth (MI250 x 16: 14.4 ->
-    11.5 ms). realise goes on to 4 groups, as the instance search goes on past one count that does
-    not pay, and keeps a program as fast, which verifies."""
+    """MI250 x 2 hier allgather 1 GB at one instance, as a large program: 4 groups of whole chunks
+    are faster than LEAD alone by more than a tenth. Where 2 groups change nothing (MI250 x 16, as
+    _grouped says: 14.4 ms at 2, 11.5 at 4), realise goes on to 4 groups, as the instance search
+    goes on past one count that does not pay, and keeps a program as fast, which verifies. Here 2
+    groups pay too since sends stopped waiting for their own chunk's copy to the output (15.67 ->
+    12.54 ms), so the test makes their lowering change nothing."""
     import compiler.realise as R
     t = topo("mi250", 2)
     s = get("hier")(t, make_demand("allgather", t.ngpus, 10**9), PlanOptions())
     lead = replace(LowerOptions(proto="Simple"), **R.LEAD)
     _, lead_s = _checked(s, t, lead)
-    _, two_s = _checked(s, t, replace(lead, groups=2))
     _, four_s = _checked(s, t, replace(lead, groups=4))
-    assert two_s >= R.PAYS * lead_s and four_s < 0.9 * two_s
+    assert four_s < 0.9 * lead_s
+    real = R._keep_faster
+    monkeypatch.setattr(R, "_keep_faster", lambda own, *a, **k: None if a[2].groups == 2 else real(own, *a, **k))
     monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
     r = realise(s, t, LowerOptions(proto="Simple", instances=1), "all")
     assert r.timing.finish_time_s <= four_s * 1.0001
-    assert any("over 4 channel groups" in n for n in r.program.notes)
+    groups = [int(m.group(1)) for n in r.program.notes for m in [re.search(r"over (\d+) channel groups", n)] if m]
+    assert groups and groups[0] >= 4
     assert verify(r.program, "all", s.demand, t.sms).ok
 
 

@@ -61,6 +61,17 @@ class Costing:
         """Payload bytes/s of one thread block on a link of this kind (unbounded without costs)."""
         return self.cost.tb_rate(kind) if self.cost else float("inf")
 
+    def local_rate(self, topo: Topology) -> float:
+        """Bytes/s one thread block copies or reduces in its GPU's own memory (a cpy or re step):
+        the fastest rate any protocol gives a block on the GPU's links inside the node (unbounded
+        without costs). Local steps run on plain memory whatever the program's protocol, and one
+        NVIDIA H200 block measured 48.6 GB/s copying and 30-39 GB/s summing against Hopper's
+        Simple cap of 38.7 (runtimes.json, hopper), so a block's Simple rate stands for it."""
+        if self.cost is None or topo.costs is None:
+            return float("inf")
+        kinds = {l.kind for l in topo.links if l.kind and l.kind != NETWORK} or {"nvlink"}
+        return max(p.tb_rate(k) for _, p in topo.costs.protocols for k in kinds)
+
     def lanes(self, bandwidth: float, kind: str) -> int:
         """Thread blocks one parallel link carries at once at their full rate (at least one)."""
         return max(1, int(bandwidth * self.efficiency / self.tb_rate(kind) + 1e-9))

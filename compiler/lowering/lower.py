@@ -384,7 +384,8 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
                  pair_peers: bool = True, stop: Callable[[RankCode], bool] | None = None,
                  pace_ahead: int = 0, gate_slow: bool = False, ring_ids: bool = True,
                  pace_fast: bool = True, cap: int | None = None,
-                 probed: dict | None = None, fuse_slow: bool = True) -> tuple[list[RankCode], bool]:
+                 probed: dict | None = None, fuse_slow: bool = True,
+                 max_tbs: int | None = None) -> tuple[list[RankCode], bool]:
     """Every rank's code and True, or, where `stop` holds for a rank's code, the codes up to that
     rank and False (the caller lowers again some other way: no use lowering the rest first).
     probed: Probed.take's argument (the code probe_split lowered for one rank, used where it is the same)."""
@@ -399,7 +400,7 @@ def _lower_ranks(moves: list[Move], demand: Demand, aliased: bool, pace: Callabl
         if code is None or (code[0], code[1]) != (outs[r], ins[r]):
             code = lower_rank(r, outs[r], ins[r], demand, (alias_map(demand, r) if aliased else None) or same,
                               pace, pair_slow, max_nodes, pair_peers, pace_ahead, gate_slow, ring_ids, pace_fast, cap,
-                              fuse_slow)
+                              fuse_slow, max_tbs)
         else:
             code = code[2]
         codes.append(code)
@@ -458,12 +459,12 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         with_alias = aliased
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
-                          options.ring_ids, options.pace_fast, None, options.fuse_slow)
+                          options.ring_ids, options.pace_fast, None, options.fuse_slow, lim.max_tbs)
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             with_alias = False
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast,
-                              None, options.fuse_slow)
+                              None, options.fuse_slow, lim.max_tbs)
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             if probed is not None:
@@ -559,7 +560,8 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
 
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
-                                        options.ring_ids, options.pace_fast, cap, probed, options.fuse_slow)
+                                        options.ring_ids, options.pace_fast, cap, probed, options.fuse_slow,
+                                        lim.max_tbs)
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds

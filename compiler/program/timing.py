@@ -11,7 +11,8 @@ path (a link carries as many thread blocks at once as fit its bandwidth, Costing
 that lane for bytes / (the lane's share of the payload bandwidth), then costs the thread block the
 protocol's step latency once per primitive call the host splits the step into (one per chunk
 where a chunk fills an iteration: Costing.calls), and its data arrives alpha after that. A
-receive completes when its message has arrived. Local steps (cpy, re, nop) take no time. A program has no global transfer
+receive completes when its message has arrived. A local copy or reduction (cpy, re) holds its
+thread block for its bytes at a block's local rate (Costing.local_rate); a nop takes no time. A program has no global transfer
 order, so lanes are granted first come, first served in time order: a send that finds no lane
 free on some link of its path waits without holding the others' (no lane is reserved ahead, so a
 link idles only while no ready send can use it, as a switch port shared by its flows would), and
@@ -176,6 +177,7 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     queues: list[list[float]] = [[] for _ in range(flat.nconns)]  # per connection: arrival times, FIFO
     heads = [0] * flat.nconns
     routes = _Routes.of(topo, costing)
+    local_hold = piece / costing.local_rate(topo)  # a cpy or re step's seconds per chunk
     route_of: list = [None] * ntbs  # per tb: routes.get of its send peer, when it first sends
     lanes = [[0.0] * (l.count * routes.lanes[i]) for i, l in enumerate(topo.links)]  # heap of free times
     held = [0.0] * len(topo.links)  # lane-seconds of holds per link
@@ -240,6 +242,9 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
         if kind & RECV:
             heads[recv_conn[i]] += 1
         end = t
+        if kind & LOCAL:
+            end = t + cnts[i][s] * local_hold
+            working[i] += end - t
         if kind & SEND:
             cnt = cnts[i][s]
             hold = cnt * piece / rate
@@ -290,7 +295,8 @@ def _run(program: Program, topo: Topology, costing: Costing, piece: float, itera
     return _monotone(finished)  # an iteration is done no earlier than the one before it
 
 
-SEND, RECV = 1, 2
+SEND, RECV, LOCAL = 1, 2, 4
+LOCALS = frozenset({"cpy", "re"})  # steps that copy or reduce in the rank's own memory (its thread block's time)
 NEVER = -2  # a dependency on a step the program does not have: it never comes
 
 
@@ -307,6 +313,7 @@ class _Flat:
         targets: dict[tuple[int, int, int], int] = {}
         self.deps, self.kinds, self.cnts = [], [], []
         kind_of = {t: (SEND if t in SENDS else 0) | (RECV if t in RECVS else 0) for t in SENDS | RECVS}
+        kind_of.update(dict.fromkeys(LOCALS, LOCAL))
         for rank, tb in self.tbs:
             deps, kinds, cnts = [], [], []
             for st in tb.steps:
