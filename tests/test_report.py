@@ -259,6 +259,22 @@ def test_install_hint_names_the_extra_in_setup_py():
 # ---- the timelines, without matplotlib --------------------------------------------------------------
 
 
+def test_timeline_replays_a_copy_before_a_send_as_the_timer_times_it(topo):
+    """msccl-tools' form of an allgather's own chunk: cpy i -> o, then a send of o on the same block.
+    The copy holds the block for its bytes at a block's rate, so the send starts when it is done,
+    in the replay as in the timer (no mismatch), and the copy counts as the block's busy time."""
+    from compiler.model.program import GpuProgram, Program, Step, ThreadBlock
+    t = topo("fully-connected:2")
+    gpus = (GpuProgram(0, 1, 2, 0, (ThreadBlock(0, send=1, steps=(Step("cpy", "i", 0, "o", 0), Step("s", "o", 0, "o", 0))),)),
+            GpuProgram(1, 1, 2, 0, (ThreadBlock(0, recv=0, steps=(Step("r", "o", 0, "o", 0),)),)))
+    program = Program("copy", "allgather", 2, 2, 1, gpus, proto="Simple")
+    prog = program_timeline(program, t, 2 * 2**20)
+    copy, send = prog.steps[(0, 0, 0)], prog.steps[(0, 0, 1)]
+    rate = t.costs.protocol("Simple").tb_rate(t.links[0].kind)
+    assert prog.mismatches == 0 and copy.busy == pytest.approx(2**20 / rate) and send.start == copy.end
+    assert prog.tbs[0].busy == pytest.approx(copy.busy + send.busy)
+
+
 @pytest.mark.parametrize("hw,method", [("dgx-a100", "auto"), ("dgx1", "ring")])
 def test_timeline_replays_the_timer(topo, hw, method):
     t = topo(hw)

@@ -11,13 +11,14 @@ Only the two timers' public outputs are read, never their insides:
   protocol's step latency later) and its data arrives alpha after that. The rest is replayed from
   the trace: messages are matched first in, first out per connection (src, dst, channel); a step
   is ready when its thread block's previous step is done, its dependency is done and (a receive)
-  its message has arrived; local steps take no time.
+  its message has arrived; a copy or local reduction holds its block for its bytes at the timer's
+  local rate (Costing.local_rate), a nop takes no time.
 
 The replay checks itself against the timer: every send's replayed ready time must be the trace's,
 and the last arrival the timer's finish of the first iteration. `ProgramTimeline.mismatches` counts the sends where not
 (a timer whose costs the replay does not know), and the report says so rather than guess.
 
-A thread block's time splits into busy (holding links for a send), waiting for data (its message
+A thread block's time splits into busy (holding links for a send, or copying), waiting for data (its message
 or dependency), waiting for a link (ready, but every slot of a link on the path is taken) and done
 (after its last step, until the program finishes); the four add up to the program's time.
 """
@@ -33,7 +34,7 @@ from compiler.analysis.simulate import Metrics
 from compiler.model.program import RECVS, SENDS, Program
 from compiler.model.schedule import Schedule
 from compiler.model.topology import Topology
-from compiler.program.timing import ProgramTiming, time_program
+from compiler.program.timing import LOCALS, ProgramTiming, time_program
 
 StepKey = tuple[int, int, int]  # (rank, tb id, step index)
 
@@ -206,6 +207,7 @@ def program_timeline(program: Program, topo: Topology, size_bytes: float) -> Pro
     timing = time_program(program, topo, size_bytes, trace)
     costing = Costing.of(topo, timing.proto)  # a link carries this many thread-block lanes at once
     finish = timing.finish_time_s
+    local_hold = timing.chunk_bytes / timing.iterations / costing.local_rate(topo)  # per chunk of a cpy or re
     eps = _eps(finish)
     tbs = [(g.rank, tb) for g in program.gpus for tb in g.tbs]
     order = {(rank, tb.id): i for i, (rank, tb) in enumerate(tbs)}
@@ -304,6 +306,8 @@ def program_timeline(program: Program, topo: Topology, size_bytes: float) -> Pro
                     after = freed if freed is not None else after
             else:
                 start = end = ready
+                if step.type in LOCALS:
+                    end = ready + step.cnt * local_hold
             peer = tb.send if step.type in SENDS else tb.recv if step.type in RECVS else -1
             steps[key] = StepTime(rank, tb.id, s, step.type, peer, tb.chan, clock[i], ready, start, end, why,
                                   after if (after is not None and start > 0) else None, links, wait_link,
