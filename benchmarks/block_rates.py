@@ -1,8 +1,8 @@
 """What one thread block can move inside one GPU: copy and reduce rates, and launch latency.
 
 The runtime cost model (hw_profiles/runtimes.json) charges a thread block `tb_GBps` on a link and
-charges local copies and reductions nothing beyond it. Both rest on one block's memory throughput
-being above the per-channel cap: this script measures it on a real GPU, for the copy (what a send
+a local copy or reduction (cpy, re) a block's Simple rate. Both rest on one block's memory
+throughput being about the per-channel cap: this script measures it on a real GPU, for the copy (what a send
 or receive does) and the two-input sum (rrc, rrs), with 1 to 16 sixteen-byte loads in flight per
 thread (NCCL's primitives unroll for the same reason), and the launch latency of an empty kernel.
 
