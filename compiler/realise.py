@@ -102,6 +102,14 @@ CONTENDS = 1.2  # a count whose program is within this share of the best so far 
 LEAD = {"pair_peers": False, "pace_ahead": 1, "pace_fast": False, "rotate_slow": 2}  # a large program's first
 # placement at each count (realise, _lead): pacing only the NICs (at 1,024 GPUs pacing the NVSwitch fan-out filled
 # the XML node limit) and a NIC's connections on two channel groups in turn (chains forward to two peers)
+IN_STEP = {"copies_apart": False}  # each copy first on its chunk's first send's block, the other sends waiting for it:
+# timed with copies charged, DGX A100 x 16 allgather 1 GB at one instance took 4.977 ms so and 5.438 with copies apart
+# (the sends, no longer in step, took the NICs in a worse order), and at 512 GPUs the waits' nops took LEAD past 64
+# steps a block onto 2 channel groups (copies apart fit one: 0.741 of the floor, 0.939 so); elsewhere copies apart
+# pay (DGX H100 x 2 allgather 256 MB at 4 instances: 626 us, 726 so; MI250 x 2 1 GB at one: 11.46 ms, 15.54 so). A
+# large program tries it at one instance among its placements; from IN_STEP_PROGRAM transfers, where one lowering
+# takes seconds and the limit leaves room for few, LEAD at one instance is lowered so (kept by every placement)
+IN_STEP_PROGRAM = 40_000
 AHEAD_IN_ONE_ITERATION = 3  # LEAD's runs ahead where a chunk fits one kernel iteration (_lead)
 OTHER_WINDOW = {AHEAD_IN_ONE_ITERATION: 2, 1: AHEAD_IN_ONE_ITERATION}  # the window tried after LEAD's (_lead)
 SPARE_CORE_PROGRAM = 40_000  # transfers from which LEAD's other window is lowered and timed in a second process
@@ -298,7 +306,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     deferred: dict[str, tuple[Program, ProgramTiming]] | None = None  # one instance's programs, placements untried
     gain = 1.0  # the most the other placements sped up a count's program
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
-    spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]), lead, spares, stop_at)
+    spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]),
+                   {**lead, **IN_STEP} if lead and counts_first == 1 and len(schedule.transfers) >= IN_STEP_PROGRAM
+                   else lead, spares, stop_at)
     failed_s = 0.0  # the longest a failed lowering at the count in hand took
 
     def attempt(placed: LowerOptions, ideal_for: Ideals | None) -> dict[str, tuple[Program, ProgramTiming]]:
@@ -336,7 +346,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 # A small program's count starts from the placement of the best program so far (`carry`), if its
                 # blocks fit; its own search then goes on from there and from the plain placement (_placements)
                 start_k = None
-                for how in [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []:  # LEAD: apart
+                hows = [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []  # LEAD: apart
+                in_step = lead and k == 1 and len(schedule.transfers) >= IN_STEP_PROGRAM
+                for how in [{**h, **IN_STEP} for h in hows] if in_step else hows:
                     led = replace(at_k, **how)
                     try:
                         timed = attempt(led, ideal_k)
@@ -457,12 +469,14 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     lead = led_at.get(k, {})
-    pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow")}  # LEAD's NIC choices stay
+    pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow", "copies_apart")}  # LEAD's NIC choices stay
     window = [_other_window(lead)] if "pace_ahead" in lead else []
     unpaced_variant = {"pace": False}
     unpaced = [unpaced_variant] if options.pace and _latency_bound(timing, topology, every=False) else []
     early = _latency_bound(timing, topology)
-    placements = ((unpaced if early else []) + window + ([{"pace_ahead": 1}] if k > 1 and options.pace else [])
+    in_step = [{**lead, **IN_STEP}] if k == 1 and lead and "copies_apart" not in lead else []
+    placements = ((unpaced if early else []) + window + in_step
+                  + ([{"pace_ahead": 1}] if k > 1 and options.pace else [])
                   + ([] if lead.get("pair_peers") else [{"pair_peers": False}])  # paired: apart did not fit
                   + ([{"fit_lanes": False}] if k > 1 and options.fit_lanes else [])
                   + ([] if early else unpaced)) if large else []
@@ -474,6 +488,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
         if enough is not None or (enough_s is not None and timing.finish_time_s <= enough_s):
             break
         own = {p: (program, timing)}
+        timing_before = timing.finish_time_s
         # a stall ends the counts, not LEAD's search at the best count: where its chunks are not latency-bound, its
         # other window (LEAD's own is a rule read off measurements; from SPARE_CORE_PROGRAM transfers it is lowered
         # beside it) is tried whatever the stall (DGX H100 x 4 allreduce 256 MB: 1284 -> 1187 us; at 25 MB, where
@@ -498,6 +513,8 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             gained = time.perf_counter()
         if window and variant is window[0] and mine is not None and mine < plain_s:
             lead = variant  # the whole chunks are spread over channel groups with the window that paid (_grouped)
+        if in_step and variant is in_step[0] and mine is not None and mine < timing_before:
+            lead = {**lead, **IN_STEP}  # and with the copies that paid
         if mine is not None and mine < plain_s and variant is not paid:
             ahead = max(paid.get("pace_ahead", 0), variant.get("pace_ahead", 0))  # the wider window of those that paid
             paid = {**paid, **variant, **({"pace_ahead": ahead} if ahead else {})}

@@ -181,7 +181,9 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
     would store too many XML nodes, fast links lose their pacing before any slow one does.
     cap: where given, two peers share a thread block only where their steps fit it (pair_thread_blocks).
     fuse_slow: False gives each send peer over a slow path a thread block of its own (pair_thread_blocks).
-    max_tbs: the thread blocks the rank may have; below it, local copies get a block of their own (place_ops)."""
+    max_tbs: the thread blocks the rank may have; below it, local copies get a block of their own (place_ops).
+    None: each copy goes first on the block of its chunk's first send, which then sends the output, and every
+    other send of the chunk waits for it (LowerOptions.copies_apart off)."""
     if pace is not None:
         widest: dict[int, int] = {}
         for m in moves_out:
@@ -194,7 +196,9 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         by_chunk, weights = link_forwards(ops)
         ring = (rank, demand.ngpus) if ring_ids else None
         tbs = place_ops(ops, weights, pair_slow, pair_peers, ring, cap, fuse_slow, max_tbs)
-        gen = _RankGen(rank, demand, by_chunk, _Emitter(tbs, alias, budget), pace, gate_slow, pace_fast)
+        copy_tb = None if max_tbs is not None else {o.chunk: o.tb for o in ops if o.kind is COPY}
+        gen = _RankGen(rank, demand, by_chunk, _Emitter(tbs, alias, budget, copy_tb is not None), pace, gate_slow,
+                       pace_fast, copy_tb)
         for op, fused in fuse(ops, len(tbs)):
             gen.emit(op, fused)
         excess = 0 if max_nodes is None else 1 + demand.ngpus + len(tbs) + sum(len(tb.steps) for tb in tbs) - max_nodes
@@ -203,7 +207,7 @@ def lower_rank(rank: int, moves_out: list[Move], moves_in: list[Move], demand: D
         if gen.em.pace_nops and pace_fast and gen.fast_paced:
             pace_fast = False  # a fast link's pacing nops go first (at 1,024 GPUs they crowded out the NIC's)
         elif max_tbs is not None and any(tb.send < 0 and tb.recv < 0 for tb in tbs):
-            max_tbs = None  # then the copies' blocks of their own (an XML node each)
+            max_tbs = None  # then the copies' blocks of their own (an XML node each): on the blocks that send
         elif gen.em.pace_nops == 0:
             return RankCode(rank, tbs, len(gen.scratch), gen.em.inplace_ok, gen.send_at, gen.recv_at)
         else:
@@ -344,9 +348,16 @@ def place_ops(ops: list[Op], weights: dict[tuple[int, int, int], int],
         if not first[op.tb]:
             first[op.tb] = op.key
     latest = [tuple(-x for x in k) for k in first]  # a block of copies alone has no first op: () sorts first
+    sends_of: dict[int, int] = {}  # chunk -> the block of its first send
+    for op in ops:
+        if op.kind is SEND:
+            sends_of.setdefault(op.chunk, op.tb)
     for op in ops:
         if op.kind is COPY:
-            op.tb = min(range(len(peers)), key=lambda t: (load[t], latest[t], t))
+            if max_tbs is None and op.chunk in sends_of:
+                op.tb = sends_of[op.chunk]
+            else:
+                op.tb = min(range(len(peers)), key=lambda t: (load[t], latest[t], t))
             load[op.tb] += 1
     return [DraftThreadBlock(s, r, ch) for s, r, ch in peers]
 
@@ -484,9 +495,11 @@ class _RankGen:
     """Emits one rank's units in key order, tracking where each chunk's current value lives."""
 
     def __init__(self, rank: int, demand: Demand, by_chunk: dict[int, list[Op]],
-                 em: _Emitter, pace: Callable[[int], int] | None, gate_slow: bool = False, pace_fast: bool = True):
+                 em: _Emitter, pace: Callable[[int], int] | None, gate_slow: bool = False, pace_fast: bool = True,
+                 copy_tb: dict[int, int] | None = None):
         self.rank, self.reduce, self.by_chunk, self.em, self.pace, self.gate_slow = \
             rank, demand.reduce, by_chunk, em, pace, gate_slow
+        self.copy_tb = copy_tb  # chunk -> its copy's block, where that block's send reads the copy (copies_apart off)
         self.pace_fast = pace_fast
         self.fast_paced = False  # whether a send over a fast path was paced
         self.src_idx, self.dst_idx = buffer_indices(demand)[rank]
@@ -579,6 +592,9 @@ class _RankGen:
         if v is None:
             raise LoweringError(f"lowering: schedule transfer {op.move.pos}: rank {self.rank} sends chunk {c} "
                                 "before it holds it")
+        if self.copy_tb is not None and not self.reduce and v == ("i", self.src_idx.get(c)) \
+                and self.copy_tb.get(c) == t:
+            v = ("o", self.dst_idx[c])
         self.sent(op, (t, self.em.emit(t, "s", v, UNUSED, (v,), (), after=self.paced(op))))
 
     def receive(self, op: Op, fused: Op | None) -> None:
@@ -639,8 +655,10 @@ class _Emitter:
     its own k): with a hundred thread blocks and thousands of steps per rank (512 GPUs), a list
     copied per step was most of lowering."""
 
-    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot], pace_budget: int | None = None):
+    def __init__(self, tbs: list[DraftThreadBlock], alias: Callable[[Slot], Slot], pace_budget: int | None = None,
+                 ordered_copies: bool = False):
         self.tbs = tbs
+        self.ordered_copies = ordered_copies  # reads of the input wait for an in-place self-copy too (copies_apart off)
         self.pace_budget = pace_budget  # pacing waits that may still cost a nop (None: any number)
         self.pace_nops = 0  # nops spent on pacing waits
         ntb = len(tbs)
@@ -668,7 +686,8 @@ class _Emitter:
             reads_n = (named[reads[0]],) if len(reads) == 1 else tuple(map(named.__getitem__, reads))
             writes_n = (named[writes[0]],) if len(writes) == 1 else tuple(map(named.__getitem__, writes))
         deps = self._waits(tb, reads_n, writes_n, after, clobbers,
-                           self._input_reads(reads, reads_n) if self.self_copied or not clobbers else ())
+                           self._input_reads(reads, reads_n) if (self.self_copied or not clobbers)
+                           and not self.ordered_copies else ())
         steps = self.tbs[tb].steps
         seq = self.seq
         if deps:

@@ -135,6 +135,14 @@ class LowerOptions:
     # NIC's step latency after each send (reduce-scatter's sums out of a node: the receive of the next sum waited)
     ring_ids: bool = True  # thread blocks numbered by peer in ring order from their rank (codegen.pair_thread_blocks);
     # False: by peer id, as before the twelfth session (slower wherever ranks run alike)
+    copies_apart: bool = True  # a rank's copies of its input into its output on blocks of their own, which no send
+    # waits for (codegen.place_ops); False: each first on the block of its chunk's first send, which sends the copy,
+    # and every other send of the chunk waits for it (realise's LEAD, see there)
+
+
+def _copy_room(lim: RuntimeLimits, options: LowerOptions) -> int | None:
+    """lower_rank's max_tbs: the blocks a rank may have where its copies go apart, else None."""
+    return lim.max_tbs if options.copies_apart else None
 
 
 CAPPED_TRIES = 6  # lowerings with peers paired only where their steps fit, after the first (MI250 x 16 alltoall: 4)
@@ -459,12 +467,12 @@ def probe_split(split: int, most: int, place: Callable[[int, int | None], list[M
         with_alias = aliased
         code = lower_rank(rank, outs, ins, demand, (alias_map(demand, rank) if aliased else None) or same,
                           pace, False, lim.max_nodes, options.pair_peers, options.pace_ahead, options.gate_slow,
-                          options.ring_ids, options.pace_fast, None, options.fuse_slow, lim.max_tbs)
+                          options.ring_ids, options.pace_fast, None, options.fuse_slow, _copy_room(lim, options))
         if aliased and open_alias and not code.inplace_ok:  # lower drops aliasing for every rank then
             with_alias = False
             code = lower_rank(rank, outs, ins, demand, same, pace, False, lim.max_nodes, options.pair_peers,
                               options.pace_ahead, options.gate_slow, options.ring_ids, options.pace_fast,
-                              None, options.fuse_slow, lim.max_tbs)
+                              None, options.fuse_slow, _copy_room(lim, options))
         worst = kept_steps(code, outs, ins, options.instances)
         if worst <= lim.max_steps:
             if probed is not None:
@@ -561,7 +569,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
             codes, whole = _lower_ranks(moves, demand, can_alias, pace, options.instances, pair_slow, lim.max_nodes,
                                         options.pair_peers, stop, options.pace_ahead, options.gate_slow,
                                         options.ring_ids, options.pace_fast, cap, probed, options.fuse_slow,
-                                        lim.max_tbs)
+                                        _copy_room(lim, options))
             if whole or not (open_alias and not codes[-1].inplace_ok):
                 break
             can_alias = False  # drop the dependencies aliasing adds
