@@ -115,6 +115,26 @@ def test_ring_allgather_is_the_worked_example_one_tb_variant(topo):
         ]
 
 
+def test_copies_in_step_are_the_worked_example_exactly(topo):
+    """With copies_apart off (realise's large programs at one instance, where it pays), each copy goes
+    first on the block of its chunk's first send, which sends the output: msccl-xml.md §15 step for
+    step (cpy, s own, rcs, rcs, r on one block), usable in place and out of place."""
+    t = topo("ring:4")
+    p = lower_twice(ring_allgather(t, 4), t, LowerOptions(copies_apart=False))
+    check_program(p, make_demand("allgather", 4, 1 << 20))
+    assert p.inplace and p.outofplace
+    for r in range(4):
+        assert [(tb.send, tb.recv, tb.chan) for tb in p.gpus[r].tbs] == [((r + 1) % 4, (r - 1) % 4, 0)]
+        prev = [(r - k) % 4 for k in (1, 2, 3)]
+        assert steps_of(p, r) == [
+            ("cpy", "i", 0, "o", r, 1, -1, -1, 0),
+            ("s", "o", r, "o", r, 1, -1, -1, 0),
+            ("rcs", "o", prev[0], "o", prev[0], 1, -1, -1, 0),
+            ("rcs", "o", prev[1], "o", prev[1], 1, -1, -1, 0),
+            ("r", "o", prev[2], "o", prev[2], 1, -1, -1, 0),
+        ]
+
+
 def test_ring_allgather_on_a_switch(topo):
     t = topo("hub-and-spoke:4")
     p = lower_twice(ring_allgather(t, 4, chunks=2), t)
