@@ -337,10 +337,12 @@ def place_ops(ops: list[Op], weights: dict[tuple[int, int, int], int],
     recv_tb = {(chan, r): i for i, (_, r, chan) in enumerate(peers) if r >= 0}
     load = [0] * len(peers)
     first: list[tuple] = [()] * len(peers)  # the key of each block's first op: ties go by it, not by block ids
+    sends_of: dict[int, int] = {}  # chunk -> the block of its first send
     for op in ops:
         if op.kind is SEND:
             op.tb = send_tb[(op.move.chan, op.move.dst)]
             load[op.tb] += 1
+            sends_of.setdefault(op.chunk, op.tb)
         elif op.kind is RECV:
             op.tb = recv_tb[(op.move.chan, op.move.src)]
         else:
@@ -348,10 +350,6 @@ def place_ops(ops: list[Op], weights: dict[tuple[int, int, int], int],
         if not first[op.tb]:
             first[op.tb] = op.key
     latest = [tuple(-x for x in k) for k in first]  # a block of copies alone has no first op: () sorts first
-    sends_of: dict[int, int] = {}  # chunk -> the block of its first send
-    for op in ops:
-        if op.kind is SEND:
-            sends_of.setdefault(op.chunk, op.tb)
     for op in ops:
         if op.kind is COPY:
             if max_tbs is None and op.chunk in sends_of:
@@ -667,8 +665,8 @@ class _Emitter:
         self.alias = alias
         self.named = None if alias is same else _AliasMemo(alias)
         self.writer: dict[Slot, tuple[int, int]] = {}
-        self.readers: dict[Slot, list[tuple[int, int]]] = {}  # since the slot's last write, reads of i apart
-        self.input_readers: dict[Slot, list[tuple[int, int]]] = {}
+        self.readers: dict[Slot, list[tuple[int, int]]] = {}  # reads since the slot's last write, but of the input:
+        self.input_readers: dict[Slot, list[tuple[int, int]]] = {}  # those since its last clobbering write
         self.self_copied: set[Slot] = set()  # slots whose last write is an in-place self-copy
         self.clobbered: set[Slot] = set()
         self.inplace_ok = True
