@@ -307,8 +307,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     gain = 1.0  # the most the other placements sped up a count's program
     counts_first = counts[0]  # LEAD's other window at the first count is lowered beside the search (_spare)
     spare = _spare(schedule, topology, replace(base, instances=counts_first, proto=protos[0]),
-                   {**lead, **IN_STEP} if lead and counts_first == 1 and len(schedule.transfers) >= IN_STEP_PROGRAM
-                   else lead, spares, stop_at)
+                   _in_step_at(lead, schedule, counts_first), spares, stop_at)
     failed_s = 0.0  # the longest a failed lowering at the count in hand took
 
     def attempt(placed: LowerOptions, ideal_for: Ideals | None) -> dict[str, tuple[Program, ProgramTiming]]:
@@ -346,9 +345,9 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
                 # A small program's count starts from the placement of the best program so far (`carry`), if its
                 # blocks fit; its own search then goes on from there and from the plain placement (_placements)
                 start_k = None
-                hows = [lead, {**lead, "pair_peers": True}] if lead else [carry] if carry else []  # LEAD: apart
-                in_step = lead and k == 1 and len(schedule.transfers) >= IN_STEP_PROGRAM
-                for how in [{**h, **IN_STEP} for h in hows] if in_step else hows:
+                at_k_lead = _in_step_at(lead, schedule, k)
+                hows = [at_k_lead, {**at_k_lead, "pair_peers": True}] if lead else [carry] if carry else []  # apart
+                for how in hows:
                     led = replace(at_k, **how)
                     try:
                         timed = attempt(led, ideal_k)
@@ -469,7 +468,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
     paid: dict = {}  # the placements that beat the plain program alone, merged
     plain_s = timing.finish_time_s
     lead = led_at.get(k, {})
-    pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow", "copies_apart")}  # LEAD's NIC choices stay
+    pacing = {o: v for o, v in lead.items() if o in ("pace_fast", "rotate_slow", "copies_apart")}  # LEAD's choices stay
     window = [_other_window(lead)] if "pace_ahead" in lead else []
     unpaced_variant = {"pace": False}
     unpaced = [unpaced_variant] if options.pace and _latency_bound(timing, topology, every=False) else []
@@ -882,6 +881,12 @@ def _lead(schedule: Schedule, topology: Topology, proto: str) -> dict:
     if "pace_ahead" not in LEAD or Costing.of(topology, proto).iterations(chunk) > 1:
         return dict(LEAD)
     return {**LEAD, "pace_ahead": AHEAD_IN_ONE_ITERATION}
+
+
+def _in_step_at(lead: dict, schedule: Schedule, k: int) -> dict:
+    """LEAD as lowered at k instances: with its copies in step (IN_STEP) at one instance from
+    IN_STEP_PROGRAM transfers."""
+    return {**lead, **IN_STEP} if lead and k == 1 and len(schedule.transfers) >= IN_STEP_PROGRAM else lead
 
 
 def _other_window(lead: dict) -> dict:
