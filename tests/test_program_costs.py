@@ -473,6 +473,23 @@ def test_of_close_candidates_the_cheapest_is_judged_first():
     assert judging_order([b, unprobed, a], probes) == [a, b, unprobed]
 
 
+def test_a_large_program_does_not_go_first_for_its_fewer_transfers():
+    """Of close candidates, one of LARGE_PROGRAM transfers or more keeps its place by plan: realise's
+    search for a large program takes tens of seconds at any size (DGX A100 x 16 allgather 1 GB:
+    hier/1ch, 16,256 transfers, judged in 17 s, left no time for hier/5ch, the better plan)."""
+    from types import SimpleNamespace
+    from compiler.planners.auto import CHEAPER_FIRST, Candidate, judging_order
+    from compiler.realise import LARGE_PROGRAM
+
+    def cand(plan_s, transfers):
+        return Candidate(plan_s, 1, f"m{transfers}", SimpleNamespace(transfers=range(transfers)), 0.9)
+    fine, coarse = cand(4.753, 5 * LARGE_PROGRAM), cand(4.913, LARGE_PROGRAM)
+    assert CHEAPER_FIRST * 4.913 <= 4.753
+    assert judging_order([coarse, fine], {}) == [fine, coarse]
+    small = cand(4.913, LARGE_PROGRAM - 1)
+    assert judging_order([small, fine], {}) == [small, fine]
+
+
 def test_a_local_copy_holds_its_thread_block_for_its_bytes(topo):
     """A cpy runs on its thread block (the runtimes' localCopy uses the block's threads), at about a
     block's Simple rate (one H200 block measured 48.6 GB/s copying, Hopper's Simple cap 38.7): a

@@ -411,8 +411,10 @@ class Search:
         elif parts > 1:
             methods = [m for m in methods if m not in ("direct", "oneshot")] if d.chunks_per_rank > 1 else methods
             left_out = [x for x in left_out if not x.startswith(("direct (", "oneshot (", "swap ("))]  # said once, at whole chunks
-            if not any(m in ("milp", "lp", "rounds") for m in methods):
-                methods = [m for m in methods if m in ("ring", "relay", "trees")]
+            if not any(m in ("milp", "lp", "rounds") for m in methods):  # hier too: where instances do not fit,
+                # finer chunks are what pipelines its fan-out (DGX A100 x 16 allgather 1 GB: hier/5ch 0.955 of the
+                # floor, hier/1ch 0.947, where 5 instances need 110 thread blocks and the GPU has 108 SMs)
+                methods = [m for m in methods if m in ("ring", "relay", "trees", "hier")]
         for x in left_out:
             say(f"{x} at {parts}x" if parts > 1 else x)
         if only is not None:
@@ -808,14 +810,19 @@ def judging_order(results: list[Candidate], probes: dict[int, float]) -> list[Ca
     a hair faster than hier/4ch, and judging it took 6.6 s, where hier/4ch's took 3, for the same
     0.983 of the floor; at 64 MB hier/4ch planned 3.4 % faster than hier/2ch, whose program was the
     faster, 0.985 of the floor, judged in 1.3 s where hier/4ch took 6.5 and hier/8ch 17: under load
-    the limit came before hier/2ch was judged)."""
+    the limit came before hier/2ch was judged). A candidate of LARGE_PROGRAM transfers or more does
+    not go first so: realise's search for a large program takes tens of seconds whatever its size,
+    so it is no quick judging (DGX A100 x 16 allgather 1 GB: hier/1ch, 16,256 transfers, judged in
+    17 s, hier/5ch, 81,280, in 21 s; judged first, hier/1ch's 0.947 of the floor left no time for
+    hier/5ch's 0.955, the better plan)."""
+    from compiler.realise import LARGE_PROGRAM
     key = lambda c: (id(c) not in probes, probes.get(id(c), 0.0), c.finish_time_s, c.parts, c.method)  # noqa: E731
     measure = lambda c: probes.get(id(c), c.finish_time_s)  # noqa: E731
     rest, out = sorted(results, key=key), []
     while rest:
         head = rest[0]
-        close = [c for c in rest if (id(c) in probes) == (id(head) in probes)
-                 and CHEAPER_FIRST * measure(c) <= measure(head)]
+        close = [c for c in rest if c is head or (id(c) in probes) == (id(head) in probes)
+                 and CHEAPER_FIRST * measure(c) <= measure(head) and len(c.schedule.transfers) < LARGE_PROGRAM]
         pick = min(close, key=lambda c: len(c.schedule.transfers))  # ties: the earlier in `rest`
         out.append(pick)
         rest.remove(pick)
