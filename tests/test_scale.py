@@ -43,6 +43,24 @@ def test_hier_is_planned_at_finer_chunks_where_the_optimisers_are_left_out(topo,
     assert simulate(t, s).finish_time_s < simulate(t, whole).finish_time_s
 
 
+def test_direct_that_a_rank_s_thread_blocks_cannot_hold_gives_way_to_relay(topo):
+    """Where direct needs more thread blocks a rank than it may have (one per peer: DGX A100 x 16
+    alltoall, 127 peers on 108 SMs, failed after six minutes with no candidate written), direct is
+    no candidate and relay, whose hops between nodes keep to rail groups, is: here 15 peers on a GPU
+    given 12 SMs. The program auto writes verifies and fits the SMs."""
+    from dataclasses import replace
+    t = replace(topo("dgx-h100", 2), sms=12)
+    d = make_demand("alltoall", t.ngpus, 2**24)
+    tried, skipped = auto.candidates(t, d, PlanOptions())
+    assert "direct" not in tried and "relay" in tried
+    assert any(s.startswith("direct (a rank needs about 15 thread blocks, one per peer; the GPU has 12 SMs")
+               for s in skipped)
+    r = compile(t, d, CompileOptions(PlanOptions(method="auto", time_limit=20), runtime="executor"))
+    assert r.verdict.ok and r.schedule.planner == "relay"
+    assert max(len(g.tbs) for g in r.program.gpus) <= 12
+    assert "direct" in auto.candidates(topo("dgx-h100", 2), d, PlanOptions())[0]  # 132 SMs: direct fits
+
+
 def test_auto_below_scale_is_unchanged(topo):
     t = topo("dgx-h100", 2)
     assert auto.at_scale(t, make_demand("allgather", t.ngpus, GB)) is None

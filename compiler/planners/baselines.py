@@ -568,7 +568,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     started = time.perf_counter()
     hops, notes = relay_hops(topology, demand), []
     lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
-    room = lim.blocks(topology.sms)
+    room, why = block_room(topology, lim)
     need = thread_blocks(hops, lim.max_steps)
     per = topology.gpus_per_node
     for group in (g for g in range(per - 1, 0, -1) if per % g == 0) if topology.nodes > 1 and need > room else ():
@@ -577,7 +577,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
             hops = railed
             notes.append(f"relay: hops between nodes only among GPUs of one rail group ({group} local "
                          f"ind{'ex' if group == 1 else 'ices'}): straight, a rank needed about {need} thread blocks, "
-                         f"where {lim.tb_reason}")
+                         f"where {why}")
             break
     ls = ListScheduler(topology, demand, expand(topology, demand, tau=options.tau))
     for chunk, a, b, reduce in hops:
@@ -586,6 +586,24 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     more = f"; {relayed} hop{'s' if relayed != 1 else ''} beyond one per need" if relayed else ""
     return ls.schedule("relay", started, ("relay: every need over a quickest route of one-transfer hops, relayed "
                                           "by the GPUs on it" + more,) + tuple(notes))
+
+
+def block_room(topology: Topology, lim) -> tuple[int, str]:
+    """The thread blocks a rank may have (Limits.blocks) and what sets that, in words: the GPU's SMs
+    (all blocks must be co-resident) where they are fewer than the runtimes allow."""
+    room = lim.blocks(topology.sms)
+    if topology.sms and topology.sms < lim.max_tbs:
+        return room, f"the GPU has {topology.sms} SMs and all thread blocks must be co-resident"
+    return room, lim.tb_reason
+
+
+def direct_crowded(topology: Topology, demand: Demand) -> str | None:
+    """Why direct cannot be written where a rank would need more thread blocks (one per peer) than
+    it may have (DGX A100 x 16 alltoall: 127 peers, 108 SMs), else None."""
+    lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
+    room, why = block_room(topology, lim)
+    need = thread_blocks(direct_hops(topology, demand), lim.max_steps)
+    return f"a rank needs about {need} thread blocks, one per peer; {why}" if need > room else None
 
 
 def thread_blocks(hops: list[Hop], max_steps: int) -> int:
