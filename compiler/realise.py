@@ -108,7 +108,12 @@ IN_STEP = {"copies_apart": False}  # each copy first on its chunk's first send's
 # steps a block onto 2 channel groups (copies apart fit one: 0.741 of the floor, 0.939 so); elsewhere copies apart
 # pay (DGX H100 x 2 allgather 256 MB at 4 instances: 626 us, 726 so; MI250 x 2 1 GB at one: 11.46 ms, 15.54 so). A
 # large program tries it at one instance among its placements; from IN_STEP_PROGRAM transfers, where one lowering
-# takes seconds and the limit leaves room for few, LEAD at one instance is lowered so (kept by every placement)
+# takes seconds and the limit leaves room for few, LEAD at one instance is lowered so (kept by every placement).
+# What pays is the NIC sends' wait, not the copy: a NIC send of each kernel iteration then starts only once the
+# copy's block has finished the iteration before, so the first sends of one iteration do not take the NIC ahead of
+# the last of the one before (with the copy charged nothing, 4.873 ms at 128 GPUs). The copy's time in the first
+# iteration is the cost; a free step to wait on would be a nop, and MSCCL lets no step wait on a nop (msccl-xml.md
+# section 6), so the copy is the cheapest step there is. Finer chunks make it cheaper: hier/5ch's program, 4.935 ms
 IN_STEP_PROGRAM = 40_000
 AHEAD_IN_ONE_ITERATION = 3  # LEAD's runs ahead where a chunk fits one kernel iteration (_lead)
 OTHER_WINDOW = {AHEAD_IN_ONE_ITERATION: 2, 1: AHEAD_IN_ONE_ITERATION}  # the window tried after LEAD's (_lead)
