@@ -41,6 +41,9 @@ def test_hier_is_planned_at_finer_chunks_where_the_optimisers_are_left_out(topo,
     assert "hier/2ch" in s.notes[0] and s.demand.chunks_per_rank > 1
     whole = plan(t, d, PlanOptions(method="hier"))
     assert simulate(t, s).finish_time_s < simulate(t, whole).finish_time_s
+    # but not an allreduce's (a reduce-scatter's and an allgather's steps: at 128 GPUs hier/5ch did not fit the SMs)
+    s = plan(t, make_demand("allreduce", t.ngpus, GB), PlanOptions(method="auto", refine=True, time_limit=10))
+    assert "hier/1ch" in s.notes[0] and "hier/2ch" not in s.notes[0]
 
 
 def test_direct_that_a_rank_s_thread_blocks_cannot_hold_gives_way_to_relay(topo):

@@ -416,9 +416,13 @@ class Search:
             methods = [m for m in methods if m not in ("direct", "oneshot")] if d.chunks_per_rank > 1 else methods
             left_out = [x for x in left_out if not x.startswith(("direct (", "oneshot (", "swap ("))]  # said once, at whole chunks
             if not any(m in ("milp", "lp", "rounds") for m in methods):  # hier too: where instances do not fit,
-                # finer chunks are what pipelines its fan-out (DGX A100 x 16 allgather 1 GB: hier/5ch 0.955 of the
-                # floor, hier/1ch 0.947, where 5 instances need 110 thread blocks and the GPU has 108 SMs)
-                methods = [m for m in methods if m in ("ring", "relay", "trees", "hier")]
+                # finer chunks are what pipelines its fan-out (DGX A100 x 16 at 1 GB, where 5 instances need 110 thread
+                # blocks and the GPU has 108 SMs: allgather hier/5ch 0.955 of the floor, hier/1ch 0.947; reduce-scatter
+                # 0.890 and 0.702), but for an allreduce, whose hier is a reduce-scatter and an allgather with twice
+                # their steps (there hier/5ch needed 146 blocks, and lowering took 80 s to find out)
+                finer = ("ring", "relay", "trees") if d.reduce and any(len(c.dests) > 1 for c in d.chunks) else \
+                    ("ring", "relay", "trees", "hier")
+                methods = [m for m in methods if m in finer]
         for x in left_out:
             say(f"{x} at {parts}x" if parts > 1 else x)
         if only is not None:
