@@ -42,7 +42,7 @@ from typing import Callable
 from compiler.model.demand import Chunk, Demand
 from compiler.specs.collectives import SPECS
 from compiler.specs.errors import CompileError
-from compiler.specs.runtimes import ALL, limits, target_runtimes
+from compiler.specs.runtimes import ALL, Limits, limits, target_runtimes
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, expand
 from compiler.model.topology import Topology
@@ -588,7 +588,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
                                           "by the GPUs on it" + more,) + tuple(notes))
 
 
-def block_room(topology: Topology, lim) -> tuple[int, str]:
+def block_room(topology: Topology, lim: Limits) -> tuple[int, str]:
     """The thread blocks a rank may have (Limits.blocks) and what sets that, in words: the GPU's SMs
     (all blocks must be co-resident) where they are fewer than the runtimes allow."""
     room = lim.blocks(topology.sms)
