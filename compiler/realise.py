@@ -325,7 +325,7 @@ def _realise(schedule: Schedule, topology: Topology, options: LowerOptions, runt
             raise _OutOfTime(placed.instances)
         began_try = time.perf_counter()
         try:
-            return _time_all(schedule, topology, placed, protos, stop_at, ideal_for, enough_s, first, as_first)
+            return _time_all(schedule, topology, placed, protos, stop_at, ideal_for, enough_s, first, as_first, deadline)
         except CompileError:
             first.clear()
             failed_s = max(failed_s, time.perf_counter() - began_try)
@@ -1108,7 +1108,7 @@ def _step_scaled(topology: Topology, first: str, seconds: float) -> Callable[[st
 def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, protos: tuple[str, ...],
               stop_at: float, ideal: Ideals | None = None,
               enough_s: float | None = None, first: list[float] | None = None,
-              as_first: bool = False) -> dict[str, tuple[Program, ProgramTiming]]:
+              as_first: bool = False, until: float | None = None) -> dict[str, tuple[Program, ProgramTiming]]:
     """Each protocol's program and its time; one lowering per distinct number of connection slots,
     the first always, another only if one more lowering as long as the first fits before stop_at.
     ideal: where given, a protocol whose ideal program is no faster than a program timed already
@@ -1122,7 +1122,8 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
     program from arriving by the limit; MI250 x 16 alltoall 1 MB: Simple's program lost 329 us to
     its ideal, 110 us, and LL, whose ideal is 175 us, was not lowered by the share Simple lost,
     where its program takes 294 us against Simple's 439). first: if given, gets the seconds the
-    first protocol took (its lowering and timing: the least another count costs)."""
+    first protocol took (its lowering and timing: the least another count costs). until: lower's (a
+    failure it cuts short is not kept in LOWERED)."""
     lowered: dict[int, Program] = {}
     out = {}
     t0 = time.perf_counter()
@@ -1139,9 +1140,10 @@ def _time_all(schedule: Schedule, topology: Topology, options: LowerOptions, pro
                 if lowered and time.perf_counter() + (time.perf_counter() - t0) / len(lowered) > stop_at:
                     continue
                 try:
-                    lowered[SLOTS[p]] = lower(schedule, topology, at)
+                    lowered[SLOTS[p]] = lower(schedule, topology, at, until=until)
                 except CompileError as e:
-                    LOWERED.put(schedule, topology, at, copy.copy(e))  # without its traceback's frames
+                    if not getattr(e, "cut", False):
+                        LOWERED.put(schedule, topology, at, copy.copy(e))  # without its traceback's frames
                     raise
             program = replace(lowered[SLOTS[p]], proto=p)
             out[p] = (program, time_program(program, topology, size_of(schedule, program)))

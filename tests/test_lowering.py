@@ -813,11 +813,10 @@ def test_peers_pair_on_a_block_only_where_their_steps_fit_under_a_cap():
     assert {p for p, _, _ in capped if p >= 0} == {1, 2, 3} and {p for _, p, _ in capped if p >= 0} == {1, 2, 3}
 
 
-@pytest.mark.long
-def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_not_fit(topo):
-    """Rank 0 relays rank 1's 24 chunks for rank 2: paired by the forward, its block with send peer 2
-    and receive peer 1 holds 72 steps, and two channel groups double its 35 peers' blocks past
-    RCCL's 63. Paired only where they fit, every block holds at most 64 steps on one group."""
+def relayed_alltoall(topo):
+    """Rank 0 relays rank 1's 24 chunks for rank 2 on a 36-GPU hub: paired by the forward, its block
+    with send peer 2 and receive peer 1 holds 72 steps, and two channel groups double its 35 peers'
+    blocks past RCCL's 63: for rccl it lowers only with peers paired where their steps fit."""
     n, c = 36, 24
     t = topo(f"hub-and-spoke:{n}")
     d = make_demand("alltoall", n, n * n * c * 4, c)
@@ -830,11 +829,34 @@ def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_n
             hops += [(ch.id, 1, 0, 0), (ch.id, 0, 2, 1)]
         else:
             hops.append((ch.id, s, r, 0))
-    sched = schedule(t, d, hops, "relayed")
+    return t, d, schedule(t, d, hops, "relayed")
+
+
+@pytest.mark.long
+def test_a_block_of_too_many_steps_is_unpaired_where_more_channel_groups_would_not_fit(topo):
+    """relayed_alltoall: paired only where they fit, every block holds at most 64 steps on one group."""
+    t, d, sched = relayed_alltoall(topo)
     p = lower_twice(sched, t, LowerOptions(runtime="rccl"))
     check_program(p, d, runtime="rccl")
     assert any("fit in" in note for note in p.notes)
     assert max(len(g.tbs) for g in p.gpus) <= 63 and max(len(tb.steps) for g in p.gpus for tb in g.tbs) <= 64
+
+
+def test_a_deadline_ends_the_tries_with_peers_paired_where_they_fit(topo):
+    """relayed_alltoall with its deadline passed: no capped try begins, and the failure in hand is
+    raised, said to be the time limit's and marked so (cut). realise keeps no such failure as the
+    placement's verdict: realised again with time, the same options lower."""
+    import time
+    from compiler.realise import LOWERED, _time_all
+    t, _, sched = relayed_alltoall(topo)
+    options = LowerOptions(runtime="rccl", proto="Simple")
+    with pytest.raises(LoweringError, match=r"thread blocks .*\(the time limit ended the tries") as cut:
+        _time_all(sched, t, options, ("Simple",), time.perf_counter(), until=time.perf_counter() - 1)
+    assert cut.value.cut
+    assert LOWERED.get(sched, t, options) is None
+    timed = _time_all(sched, t, options, ("Simple",), time.perf_counter() + 600)
+    assert any("fit in" in note for note in timed["Simple"][0].notes)
+    assert not LoweringError("x").cut
 
 
 @pytest.mark.parametrize("instances", [1, 2])

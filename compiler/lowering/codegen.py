@@ -39,11 +39,20 @@ def same(slot: Slot) -> Slot:
 
 class LoweringError(CompileError):
     """The schedule cannot be lowered within a runtime's limits (one line: limit, value, rank, runtime)."""
+    cut = False  # a deadline ended the search for a placement that fits (cut_short)
 
 
 class TooManySteps(LoweringError):
     """A thread block needs more steps than a runtime allows (fewer channels per transfer, or no
     pacing nops, may fit where other placements do not)."""
+
+
+def cut_short(why: LoweringError, how: str) -> LoweringError:
+    """`why`, of its class, said to have been cut short by a deadline (`how`): a lowering given
+    more time might not have failed, so none keeps it as the placement's verdict (its `cut`)."""
+    out = type(why)(f"{why} ({how})")
+    out.cut = True
+    return out
 
 
 class OpKind(Enum):

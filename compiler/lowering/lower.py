@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,7 +63,8 @@ from compiler.model.schedule import Schedule, Transfer, swap_groups
 from compiler.model.topology import Topology
 from compiler.lowering.channels import (Move, chunk_splits, first_split, lane_widths, parallel_lanes, place_moves,
                                         spread_peers)
-from compiler.lowering.codegen import LoweringError, RankCode, Slot, TooManySteps, fewest_steps, lower_rank, same
+from compiler.lowering.codegen import (LoweringError, RankCode, Slot, TooManySteps, cut_short, fewest_steps, lower_rank,
+                                       same)
 from compiler.lowering.merge import merge_runs
 from compiler.gcpause import without_gc
 
@@ -489,10 +491,14 @@ def program_name(collective: str, topology: str, planner: str) -> str:
 
 @without_gc
 def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerOptions(),
-          where: dict | None = None) -> Program:
+          where: dict | None = None, until: float | None = None) -> Program:
     """where: if given (and options.instances is 1), filled with schedule transfer index ->
     ((rank, tb, step) of its send, (rank, tb, step) of its receive) in the program (callers that
-    add dependencies between transfers, such as compiler/jobs/gates.py)."""
+    add dependencies between transfers, such as compiler/jobs/gates.py). until: a time.perf_counter()
+    value by which the capped tries (CAPPED_TRIES) end: none begins that would end later, where it
+    takes as long as the lowering before it, and the failure in hand stands, cut_short. Each try
+    lowers every rank: at 128 GPUs an allreduce's took 6 s each, and a command with a 60 s limit
+    failed after 82 s."""
     check_options(options)
     check_transfers(schedule, topology)
     targets = targets_of(schedule.demand.collective, options.runtime, topology.vendor)
@@ -538,21 +544,32 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     failure: LoweringError | None = None  # why the uncapped lowering failed: said where the capped one fails too
     tries = CAPPED_TRIES
 
+    cut = False  # whether `until` ended the capped tries
+    lap = [time.perf_counter()]  # when the lowering of every rank in hand began
+
+    def late() -> bool:  # one more lowering as long as the one in hand would end past `until`
+        nonlocal cut
+        now = time.perf_counter()
+        cut = cut or (until is not None and 2 * now - lap[0] > until)
+        return cut
+
     def uncapped(why: LoweringError) -> bool:
         nonlocal cap, split, pair_slow, failure
-        if cap is not None or not options.pair_peers or split == first:
+        if cap is not None or not options.pair_peers or split == first or late():
             return False
         failure, cap, split, pair_slow = why, lim.max_steps, first, False
         return True
 
     def failed(why: LoweringError) -> LoweringError:
-        return failure or why
+        why = failure or why
+        return cut_short(why, "the time limit ended the tries with peers paired only where they fit") if cut else why
 
     def budget() -> bool:  # each capped try lowers every rank: a few, then the first failure stands
         nonlocal tries
         tries -= 1
-        return tries >= 0
+        return tries >= 0 and not late()
     while True:
+        lap[0] = time.perf_counter()
         moves, copies, base = spread(split)
         if base * copies > MAX_CHANNELS:
             raise LoweringError(f"lowering: ranks need {copies} copies of {base} channels to keep at most "
