@@ -545,12 +545,12 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
     tries = CAPPED_TRIES
 
     cut = False  # whether `until` ended the capped tries
-    lap = [time.perf_counter()]  # when the lowering of every rank in hand began
+    lap = time.perf_counter()  # when the lowering of every rank in hand began
 
     def late() -> bool:  # one more lowering as long as the one in hand would end past `until`
         nonlocal cut
         now = time.perf_counter()
-        cut = cut or (until is not None and 2 * now - lap[0] > until)
+        cut = cut or (until is not None and 2 * now - lap > until)
         return cut
 
     def uncapped(why: LoweringError) -> bool:
@@ -569,7 +569,7 @@ def lower(schedule: Schedule, topology: Topology, options: LowerOptions = LowerO
         tries -= 1
         return tries >= 0 and not late()
     while True:
-        lap[0] = time.perf_counter()
+        lap = time.perf_counter()
         moves, copies, base = spread(split)
         if base * copies > MAX_CHANNELS:
             raise LoweringError(f"lowering: ranks need {copies} copies of {base} channels to keep at most "
