@@ -199,9 +199,11 @@ ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
 # those of them whose chunks split into whole elements over the most instances up to TREE_INSTANCES (tree_parts)
-HIER_PARTS = (16, 32)  # and for hier alone where a node's chunks cross on rails of GPUs that are no source (a
-# broadcast's): the home node's fan-out, the network and the remote fan-out pipeline over many small chunks (DGX H100
-# x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702)
+HIER_PARTS = (16, 32, 64, 128)  # and for hier alone where a node's chunks cross on rails of GPUs that are no source
+# (a broadcast's): the home node's fan-out, the network and the remote fan-out pipeline over many small chunks (DGX H100
+# x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702, with 64 and 128 too hier/128ch
+# 0.873 at 60 s; one DGX-2 16 MB 0.640 -> 0.849 at 10 and 60 s, where hier/128ch's ideal program is the slower and its
+# program the faster). With 256 too, DGX-2 16 MB judged hier/256ch first and wrote 0.779
 TREE_INSTANCES = 8  # the instances that fill MI250's 4-link pairs; finer chunks than 25 per rank need more steps per
 # thread block there than RCCL's 64. At 1 GB = 10^9 bytes only 25 chunks take 8 (trees/25ch 0.964 of the bound,
 # trees/20ch with 4 0.921, and judging both took the command past 30 s); at 64 MB 20 and 25 do (trees/20ch 0.923)
