@@ -270,8 +270,8 @@ def test_a_broadcast_on_one_switch_pays_for_chunks_finer_than_its_plan_says(topo
     root is done: finer chunks shorten that tail. Each hop's step latency makes hier/128ch's ideal
     Simple program slower than hier/32ch's, but their programs, realised alike (Simple, 2 instances)
     and timed, say the opposite (DGX-2 16 MB: 0.64 and 0.85 of the floor) and verify, so auto plans
-    hier at 128 chunks too (HIER_PARTS)."""
-    from compiler.planners.auto import HIER_PARTS
+    hier at 128 chunks too on one node (not on two: ONE_NODE_PARTS)."""
+    from compiler.planners.auto import hier_parts
     t = topo("dgx2")
     floor = program_floor(t, bound_of(t, make_demand("broadcast", t.ngpus, 16 * 10**6)))
     ideal, written = {}, {}
@@ -283,7 +283,7 @@ def test_a_broadcast_on_one_switch_pays_for_chunks_finer_than_its_plan_says(topo
         ideal[parts], written[parts] = simulate(t, s, "Simple").finish_time_s, floor / r.timing.finish_time_s
     assert ideal[128] > ideal[32]
     assert written[128] >= 0.8 > 0.7 >= written[32]
-    assert 128 in HIER_PARTS
+    assert 128 in hier_parts(t) and 128 not in hier_parts(topo("dgx2", 2))
 
 
 def test_a_broadcast_goes_round_the_nodes_one_way_so_each_byte_leaves_the_roots_node_once(topo):

@@ -199,11 +199,15 @@ ONESHOT_MAX_GPUS = 64  # oneshot's transfers grow as GPUs^2 and each rank sends 
 REFINEMENTS = (1, 2, 4, 8)  # sub-chunks per chunk tried when the user did not fix --chunks
 TREE_PARTS = (16, 20, 25)  # and for trees alone (planned in well under a second, it pipelines many small chunks),
 # those of them whose chunks split into whole elements over the most instances up to TREE_INSTANCES (tree_parts)
-HIER_PARTS = (16, 32, 64, 128)  # and for hier alone where a node's chunks cross on rails of GPUs that are no source
-# (a broadcast's): the home node's fan-out, the network and the remote fan-out pipeline over many small chunks (DGX H100
-# x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702, with 64 and 128 too hier/128ch
-# 0.873 at 60 s; one DGX-2 16 MB 0.640 -> 0.849 at 10 and 60 s, where hier/128ch's ideal program is the slower and its
-# program the faster). With 256 too, DGX-2 16 MB judged hier/256ch first and wrote 0.779
+HIER_PARTS = (16, 32)  # and for hier alone where a node's chunks cross on rails of GPUs that are no source (a
+# broadcast's): the home node's fan-out, the network and the remote fan-out pipeline over many small chunks (DGX H100
+# x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702)
+ONE_NODE_PARTS = (64, 128)  # and on one node, where hier is scatter then allgather: the last chunk the root deals is
+# passed on to the other GPUs after the root is done, and finer chunks shorten that tail (one DGX-2, broadcast 16 MB:
+# hier/32ch 0.640 of the floor, hier/128ch 0.849, though its ideal program is the slower; 32 MB at 10 s: 0.703 -> 0.808,
+# and DGX H100 reduce 32 MB 0.758 -> 0.805). On several nodes, judging them took the time of the better ones at 10 s
+# (DGX H100 x 8 broadcast 1 GB 0.573 -> 0.535, MI250 x 4 reduce 1 GB 0.868 -> 0.636); with 256 too, one DGX-2 16 MB
+# judged hier/256ch first and wrote 0.779
 TREE_INSTANCES = 8  # the instances that fill MI250's 4-link pairs; finer chunks than 25 per rank need more steps per
 # thread block there than RCCL's 64. At 1 GB = 10^9 bytes only 25 chunks take 8 (trees/25ch 0.964 of the bound,
 # trees/20ch with 4 0.921, and judging both took the command past 30 s); at 64 MB 20 and 25 do (trees/20ch 0.923)
@@ -254,6 +258,11 @@ def whole_parts(chunk_bytes: float, parts: int, element_bytes: int) -> int:
         if fits(q):
             return q
     return parts
+
+
+def hier_parts(topo: Topology) -> tuple[int, ...]:
+    """The chunkings past REFINEMENTS hier alone is planned at: HIER_PARTS, and ONE_NODE_PARTS on one node."""
+    return HIER_PARTS + (ONE_NODE_PARTS if topo.nodes == 1 else ())
 
 
 def tree_parts(demand: Demand, element_bytes: int) -> tuple[int, ...]:
@@ -328,7 +337,7 @@ class Search:
     # judging takes)
     refinings: dict = field(default_factory=dict)  # parts -> what refined() found for them
     found: dict = field(default_factory=dict)  # id(demand) -> (demand, its candidates()): Search.candidates
-    fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, HIER_PARTS)
+    fine: str | None = None  # the one method planned at the refinements past REFINEMENTS (TREE_PARTS, hier_parts)
     built_s: float = 0.0  # the longest a constructive method's plan took so far
 
     def judging_s(self, c: Candidate) -> float:
@@ -412,7 +421,7 @@ class Search:
             say(f"{parts}x finer chunks (other chunkings for trees split into whole elements over more instances)")
             return parts in TREE_PARTS[:-1]
         methods = list(methods)
-        if n >= len(REFINEMENTS):  # TREE_PARTS or HIER_PARTS
+        if n >= len(REFINEMENTS):  # TREE_PARTS or hier_parts
             methods, left_out = [m for m in methods if m == self.fine], []
         elif parts > 1:
             methods = [m for m in methods if m not in ("direct", "oneshot")] if d.chunks_per_rank > 1 else methods
@@ -853,7 +862,7 @@ def plan(topo: Topology, demand: Demand, options: PlanOptions) -> Schedule:
     whole = tuple(whole_parts(demand.chunk_bytes, p, options.element_bytes) for p in REFINEMENTS)
     fine = "trees" if trees_apply(topo, plain) and trees_flows(topo, plain) <= TREES_MAX_FLOWS else \
         "hier" if spreads(topo, plain) else None
-    refinements = whole + {"trees": TREE_PARTS, "hier": HIER_PARTS}.get(fine, ())
+    refinements = whole + {"trees": TREE_PARTS, "hier": hier_parts(topo)}.get(fine, ())
     search = Search(topo, options, deadline, refinements if options.refine and scale is None else (1,), fine=fine)
     if scale is not None and options.refine:
         search.skipped.append("finer chunks (each multiplies the deliveries at this scale)")
