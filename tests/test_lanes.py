@@ -286,7 +286,7 @@ def test_the_descent_from_unpaced_sends_comes_before_the_paced_placements(topo, 
     s = get("hier")(t, make_demand("allgather", t.ngpus, 10**6, 2), PlanOptions())
     lowered = []
     real = R.lower
-    monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
+    monkeypatch.setattr(R, "lower", lambda sch, tp, o, **k: lowered.append(o) or real(sch, tp, o, **k))
     r = realise(s, t, LowerOptions(proto="LL", instances=1), "all")
     order = [(o.pace, o.pair_peers, o.pace_ahead) for o in lowered]
     assert (False, False, 0) in order and (True, True, 1) in order
@@ -311,8 +311,8 @@ def test_each_count_starts_from_the_placement_of_the_best_program_so_far(topo, m
     lowered = []
     real = R.lower
 
-    def record(sch, tp, o):
-        program = real(sch, tp, o)
+    def record(sch, tp, o, **k):
+        program = real(sch, tp, o, **k)
         lowered.append((o, time_program(program, tp, size).finish_time_s))
         return program
     monkeypatch.setattr(R, "lower", record)
@@ -353,13 +353,13 @@ def test_a_count_tries_another_placement_only_where_one_as_long_as_its_failure_f
     lowered, failed = [], []
     real = R.lower
 
-    def lower_or_fail(sch, tp, o):
+    def lower_or_fail(sch, tp, o, **k):
         if o.instances > 1 and not failed:
             failed.append(o.instances)
             skew[0] += failed_s
             raise TooManySteps("lowering: rank 0 thread block 3 needs 65 steps; the runtimes allow 64")
         lowered.append(o.instances)
-        return real(sch, tp, o)
+        return real(sch, tp, o, **k)
     monkeypatch.setattr(R, "lower", lower_or_fail)
     r = realise(s, t, LowerOptions(proto="LL", instances=0), "all", deadline=time.perf_counter() + 600.0)
     k = failed[0]
@@ -382,8 +382,8 @@ def test_no_count_is_lowered_where_the_best_program_could_not_then_be_verified_a
     for near, counts_above_one in ((True, False), (False, True)):
         lowered = []
 
-        def record(sch, tp, o):
-            program = real(sch, tp, o)
+        def record(sch, tp, o, **k):
+            program = real(sch, tp, o, **k)
             lowered.append((o.instances, time_program(program, tp, s.demand.size_bytes).finish_time_s))
             return program
         monkeypatch.setattr(R, "lower", record)
@@ -540,7 +540,7 @@ def test_one_instance_placements_wait_for_the_counts_that_split_large_chunks(top
     s = get("hier")(t, make_demand("allgather", t.ngpus, 10**9, 4), PlanOptions())
     lowered = []
     real = R.lower
-    monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
+    monkeypatch.setattr(R, "lower", lambda sch, tp, o, **k: lowered.append(o) or real(sch, tp, o, **k))
     target = enough_time(t, s, 0.98)
     r = realise(s, t, LowerOptions(proto="auto", instances=0), "all", enough_s=target)
     assert r.instances > 1 and r.timing.finish_time_s <= target
@@ -618,7 +618,7 @@ def test_a_large_program_tries_the_placement_that_pays_at_scale_first(topo, monk
     monkeypatch.setattr(R, "LARGE_PROGRAM", len(s.transfers))
     lowered = []
     real = R.lower
-    monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
+    monkeypatch.setattr(R, "lower", lambda sch, tp, o, **k: lowered.append(o) or real(sch, tp, o, **k))
     r = R.realise(s, t, LowerOptions(proto="Simple", instances=4), "all")
     assert r.timing.finish_time_s < lead * 0.9999
     assert all(o.ring_ids for o in lowered) and verify(r.program, "all", s.demand.split(4), t.sms).ok
@@ -648,7 +648,7 @@ def test_a_large_program_s_other_window_is_lowered_on_the_second_core(topo, monk
                            s.demand.size_bytes)
     assert other_s.finish_time_s < 0.9 * lead_s.finish_time_s
     started, lowered, real = [], [], R.lower
-    monkeypatch.setattr(R, "lower", lambda sch, tp, o: lowered.append(o) or real(sch, tp, o))
+    monkeypatch.setattr(R, "lower", lambda sch, tp, o, **k: lowered.append(o) or real(sch, tp, o, **k))
     start = R.Background.start
     monkeypatch.setattr(R.Background, "start", lambda f, a: started.append(a[2]) or start(f, a))
     by, here = {}, {}
