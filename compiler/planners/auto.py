@@ -204,7 +204,7 @@ HIER_PARTS = (16, 32)  # and for hier alone where a node's chunks cross on rails
 # x 2 broadcast 32 MB: hier/8ch 0.561 of the bound, hier/16ch 0.685, hier/32ch 0.702)
 ONE_NODE_PARTS = (64, 128)  # and on one node, where hier is scatter then allgather: the last chunk the root deals is
 # passed on to the other GPUs after the root is done, and finer chunks shorten that tail (one DGX-2, broadcast 16 MB:
-# hier/32ch 0.640 of the floor, hier/128ch 0.849, though its ideal program is the slower; 32 MB at 10 s: 0.703 -> 0.808,
+# hier/32ch 0.640 of the floor, hier/128ch 0.849, though its ideal program is the slower; 32 MB at 10 s: 0.703 -> 0.827,
 # and DGX H100 reduce 32 MB 0.758 -> 0.805). On several nodes, judging them took the time of the better ones at 10 s
 # (DGX H100 x 8 broadcast 1 GB 0.573 -> 0.535, MI250 x 4 reduce 1 GB 0.868 -> 0.636); with 256 too, one DGX-2 16 MB
 # judged hier/256ch first and wrote 0.779
