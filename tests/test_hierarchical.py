@@ -266,7 +266,7 @@ def test_on_one_switched_node_a_root_deals_its_chunks_and_the_gpus_pass_them_on(
 
 
 def test_a_broadcast_on_one_switch_pays_for_chunks_finer_than_its_plan_says(topo):
-    """On one NVSwitch node the last chunk the root deals is passed on to the other 15 GPUs after the
+    """On one NVSwitch node the last chunk the root deals is passed on to the other GPUs after the
     root is done: finer chunks shorten that tail. Each hop's step latency makes hier/128ch's ideal
     Simple program slower than hier/32ch's, but their programs, realised alike (Simple, 2 instances)
     and timed, say the opposite (DGX-2 16 MB: 0.64 and 0.85 of the floor) and verify, so auto plans
