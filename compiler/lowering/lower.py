@@ -97,9 +97,7 @@ def runtime_limits(runtime: str, sms: int = 0, targets: tuple[str, ...] = ()) ->
         lim = limits_for(runtime, declared=targets)
     except CompileError as e:
         raise LoweringError(str(e)) from None
-    tbs = lim.blocks(sms)
-    reason = lim.tb_reason if tbs == lim.blocks() else f"the GPU has {sms} SMs and all thread blocks must be co-resident"
-    return RuntimeLimits(runtime, lim.max_steps, tbs, reason, sms=sms, targets=lim.runtimes)
+    return RuntimeLimits(runtime, lim.max_steps, lim.blocks(sms), lim.blocks_reason(sms), sms=sms, targets=lim.runtimes)
 
 
 def targets_of(collective: str, runtime: str, vendor: str) -> tuple[str, ...]:

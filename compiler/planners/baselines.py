@@ -42,7 +42,7 @@ from typing import Callable
 from compiler.model.demand import Chunk, Demand
 from compiler.specs.collectives import SPECS
 from compiler.specs.errors import CompileError
-from compiler.specs.runtimes import ALL, Limits, limits, target_runtimes
+from compiler.specs.runtimes import ALL, limits, target_runtimes
 from compiler.model.schedule import Schedule, Transfer
 from compiler.model.timing import TimeExpansion, expand
 from compiler.model.topology import Topology
@@ -568,7 +568,7 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
     started = time.perf_counter()
     hops, notes = relay_hops(topology, demand), []
     lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
-    room, why = block_room(topology, lim)
+    room, why = lim.blocks(topology.sms), lim.blocks_reason(topology.sms)
     need = thread_blocks(hops, lim.max_steps)
     per = topology.gpus_per_node
     for group in (g for g in range(per - 1, 0, -1) if per % g == 0) if topology.nodes > 1 and need > room else ():
@@ -588,20 +588,11 @@ def plan_relay(topology: Topology, demand: Demand, options: PlanOptions) -> Sche
                                           "by the GPUs on it" + more,) + tuple(notes))
 
 
-def block_room(topology: Topology, lim: Limits) -> tuple[int, str]:
-    """The thread blocks a rank may have (Limits.blocks) and what sets that, in words: the GPU's SMs
-    (all blocks must be co-resident) where they are fewer than the runtimes allow."""
-    room = lim.blocks(topology.sms)
-    if topology.sms and topology.sms < lim.max_tbs:
-        return room, f"the GPU has {topology.sms} SMs and all thread blocks must be co-resident"
-    return room, lim.tb_reason
-
-
 def direct_crowded(topology: Topology, demand: Demand) -> str | None:
     """Why direct cannot be written where a rank would need more thread blocks (one per peer) than
     it may have (DGX A100 x 16 alltoall: 127 peers, 108 SMs), else None."""
     lim = limits(target_runtimes(demand.collective, ALL, topology.vendor))
-    room, why = block_room(topology, lim)
+    room, why = lim.blocks(topology.sms), lim.blocks_reason(topology.sms)
     need = thread_blocks(direct_hops(topology, demand), lim.max_steps)
     return f"a rank needs about {need} thread blocks, one per peer; {why}" if need > room else None
 

@@ -144,6 +144,12 @@ class Limits:
         blocks must be co-resident)."""
         return min(self.max_tbs, sms) - 1 if sms > 0 else self.max_tbs - 1
 
+    def blocks_reason(self, sms: int = 0) -> str:
+        """What sets blocks(sms), in words: the GPU's SMs where they are fewer than the runtimes allow,
+        else the runtime."""
+        return self.tb_reason if self.blocks(sms) == self.blocks() else \
+            f"the GPU has {sms} SMs and all thread blocks must be co-resident"
+
 
 def limits(runtimes: tuple[str, ...]) -> Limits:
     specs = [runtime(r) for r in runtimes]
